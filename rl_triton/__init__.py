@@ -1,0 +1,28 @@
+"""rl_triton: reinforcement-learning credit assignment at memory-bandwidth speed.
+
+Seven estimators and the generic affine scan behind them, each one fused scan on the
+best backend for the tensors' device (Triton on CUDA, numba on CPU, plain torch otherwise).
+"""
+
+from .core.estimators import (
+    discounted_return,
+    eligibility_trace,
+    episodic_cumsum,
+    gae,
+    retrace,
+    td_lambda_return,
+    vtrace,
+)
+from .core.scan import affine_scan
+
+__all__ = [
+    "affine_scan",
+    "discounted_return",
+    "eligibility_trace",
+    "episodic_cumsum",
+    "gae",
+    "retrace",
+    "td_lambda_return",
+    "vtrace",
+]
+__version__ = "0.1.0"

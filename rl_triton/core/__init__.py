@@ -1,0 +1,1 @@
+"""rl_triton core: semantics, validation, backend dispatch, autograd and the kernels."""

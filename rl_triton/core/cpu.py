@@ -1,0 +1,221 @@
+"""Compiled CPU backend: one numba loop per algorithm, parallel over rows, one pass over time.
+
+Arrays arrive as ``[R, T]`` numpy views of the caller's tensors (any strides, broadcast
+inputs with stride 0). Absent flags are zero arrays with stride 0, so each kernel has one
+signature per float dtype and compiles once (lazily, cached on disk).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+try:
+    import numba as nb
+    from numba import prange
+except ImportError:  # the torch backend serves CPU tensors without numba
+    nb = None
+
+from . import coefficients as C
+
+AVAILABLE = nb is not None
+
+# how next values are read: explicit array, or values[t+1] with bootstrap at t = T-1
+NV_EXPLICIT, NV_IMPLIED = 0, 1
+# how done is read: the done array, or terminated | truncated
+DONE_ARRAY, DONE_TERM_OR_TRUNC = 0, 1
+
+
+if AVAILABLE:
+    _inline = nb.njit(inline="always", cache=True)
+    _c_gae = _inline(C.gae)
+    _c_td_lambda = _inline(C.td_lambda)
+    _c_discounted = _inline(C.discounted)
+    _c_vtrace = _inline(C.vtrace)
+    _c_vtrace_pg = _inline(C.vtrace_pg)
+    _c_retrace = _inline(C.retrace)
+
+    @_inline
+    def _flags(term, done, trunc, done_mode, i, t):
+        k = term[i, t] != 0
+        if done_mode == DONE_ARRAY:
+            d = done[i, t] != 0
+        else:
+            d = k or trunc[i, t] != 0
+        return (0.0 if k else 1.0), (0.0 if d else 1.0)
+
+    @_inline
+    def _next_value(nv, v, boot, nv_mode, i, t, T):
+        if nv_mode == NV_EXPLICIT:
+            return nv[i, t]
+        if t + 1 < T:
+            return v[i, t + 1]
+        return boot[i]
+
+
+def _gae(r, v, nv, boot, term, done, trunc, g, l, nv_mode, done_mode, adv, tgt):
+    R, T = r.shape
+    for i in prange(R):
+        acc = 0.0
+        for t in range(T - 1, -1, -1):
+            nterm, ndone = _flags(term, done, trunc, done_mode, i, t)
+            nvt = _next_value(nv, v, boot, nv_mode, i, t, T)
+            a, b = _c_gae(r[i, t], v[i, t], nvt, nterm, ndone, g[i, t], l[i, t])
+            acc = a + b * acc
+            adv[i, t] = acc
+            tgt[i, t] = acc + v[i, t]
+
+
+def _td_lambda(r, nv, term, done, trunc, g, l, done_mode, out):
+    R, T = r.shape
+    for i in prange(R):
+        acc = nv[i, T - 1] * 1.0 if T > 0 else 0.0
+        for t in range(T - 1, -1, -1):
+            nterm, ndone = _flags(term, done, trunc, done_mode, i, t)
+            a, b = _c_td_lambda(r[i, t], nv[i, t], nterm, ndone, g[i, t], l[i, t])
+            acc = a + b * acc
+            out[i, t] = acc
+
+
+def _discounted(r, nv, carry, term, done, trunc, g, done_mode, out):
+    R, T = r.shape
+    for i in prange(R):
+        acc = carry[i] * 1.0
+        for t in range(T - 1, -1, -1):
+            nterm, ndone = _flags(term, done, trunc, done_mode, i, t)
+            a, b = _c_discounted(r[i, t], nv[i, t], nterm, ndone, g[i, t])
+            acc = a + b * acc
+            out[i, t] = acc
+
+
+def _vtrace(r, v, nv, boot, lp, lm, term, done, trunc, g, l, rho_bar, c_bar, rho_bar_pg,
+            nv_mode, done_mode, vs_out, pg_out):
+    R, T = r.shape
+    for i in prange(R):
+        acc = 0.0
+        vs_next = 0.0
+        for t in range(T - 1, -1, -1):
+            nterm, ndone = _flags(term, done, trunc, done_mode, i, t)
+            nvt = _next_value(nv, v, boot, nv_mode, i, t, T)
+            ratio = np.exp(lp[i, t] * 1.0 - lm[i, t])
+            rho = min(rho_bar, ratio)
+            c = l[i, t] * min(c_bar, ratio)
+            if ndone == 0.0 or t == T - 1:
+                vs_next = nvt
+            pg_out[i, t] = _c_vtrace_pg(r[i, t], v[i, t], vs_next, nterm, g[i, t], min(rho_bar_pg, ratio))
+            a, b = _c_vtrace(r[i, t], v[i, t], nvt, nterm, ndone, g[i, t], rho, c)
+            acc = a + b * acc
+            vs_next = acc + v[i, t]
+            vs_out[i, t] = vs_next
+
+
+def _retrace(r, q, lp, lm, ev, pi, nq, term, done, trunc, g, l, c_bar, ev_mode, done_mode, out):
+    R, T = r.shape
+    A = pi.shape[2]
+    for i in prange(R):
+        acc = 0.0
+        c_next = 0.0
+        for t in range(T - 1, -1, -1):
+            nterm, ndone = _flags(term, done, trunc, done_mode, i, t)
+            if ev_mode == 0:
+                evt = ev[i, t] * 1.0
+            else:
+                evt = 0.0
+                for a_ in range(A):
+                    evt += pi[i, t, a_] * nq[i, t, a_]
+            a, b = _c_retrace(r[i, t], q[i, t], evt, nterm, ndone, g[i, t], c_next)
+            acc = a + b * acc
+            out[i, t] = acc + q[i, t]
+            c_next = l[i, t] * min(c_bar, np.exp(lp[i, t] * 1.0 - lm[i, t]))
+
+
+def _forward_trace(x, done, decay, initial, out):
+    """e[t] = x[t] + decay[t]*(1-done[t-1])*e[t-1], e[-1] = initial."""
+    R, T = x.shape
+    for i in prange(R):
+        acc = initial[i] * 1.0
+        cut = False
+        for t in range(T):
+            if cut:
+                acc = x[i, t] * 1.0
+            else:
+                acc = x[i, t] + decay[i, t] * acc
+            out[i, t] = acc
+            cut = done[i, t] != 0
+
+
+def _affine_scan(alpha, beta, carry, reverse, out):
+    R, T = alpha.shape
+    for i in prange(R):
+        acc = carry[i] * 1.0
+        for s in range(T):
+            t = T - 1 - s if reverse else s
+            acc = alpha[i, t] + beta[i, t] * acc
+            out[i, t] = acc
+
+
+# argument kinds: f1/f2/f3 float arrays of the compute dtype, u2 uint8 flags, s float64 scalar,
+# i int64 scalar, b bool scalar
+_SIGNATURES = {
+    _gae: "f2 f2 f2 f1 u2 u2 u2 f2 f2 i i f2 f2",
+    _td_lambda: "f2 f2 u2 u2 u2 f2 f2 i f2",
+    _discounted: "f2 f2 f1 u2 u2 u2 f2 i f2",
+    _vtrace: "f2 f2 f2 f1 f2 f2 u2 u2 u2 f2 f2 s s s i i f2 f2",
+    _retrace: "f2 f2 f2 f2 f2 f3 f3 u2 u2 u2 f2 f2 s i i f2",
+    _forward_trace: "f2 u2 f2 f1 f2",
+    _affine_scan: "f2 f2 f1 b f2",
+}
+_compiled: dict = {}
+
+
+def _kernel(fn, dtype: np.dtype):
+    key = (fn, dtype)
+    if key not in _compiled:
+        ft = nb.from_dtype(dtype)
+        kinds = {
+            "f1": nb.types.Array(ft, 1, "A"), "f2": nb.types.Array(ft, 2, "A"),
+            "f3": nb.types.Array(ft, 3, "A"), "u2": nb.types.Array(nb.types.uint8, 2, "A"),
+            "s": nb.types.float64, "i": nb.types.int64, "b": nb.types.boolean,
+        }
+        sig = nb.types.void(*(kinds[k] for k in _SIGNATURES[fn].split()))
+        _compiled[key] = nb.njit(sig, parallel=True, cache=True, nogil=True)(fn)
+    return _compiled[key]
+
+
+KERNELS = {
+    "gae": _gae, "td_lambda": _td_lambda, "discounted": _discounted, "vtrace": _vtrace,
+    "retrace": _retrace, "forward_trace": _forward_trace, "affine_scan": _affine_scan,
+}
+
+
+def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
+    """One kernel argument from the estimators' form (tensor, None or number) to numba's.
+
+    Absent or constant arrays become stride-0 broadcasts, flags become uint8 0/1.
+    """
+    if kind in ("s", "i", "b"):
+        return x
+    if kind == "u2":
+        if x is None:
+            return torch.zeros((), dtype=torch.uint8).expand(rows, steps).numpy()
+        x = x.detach()
+        if x.dtype in (torch.bool, torch.int8):
+            return x.view(torch.uint8).numpy()
+        return (x if x.dtype == torch.uint8 else (x != 0).view(torch.uint8)).numpy()
+    if not isinstance(x, torch.Tensor):
+        shape = {"f1": (rows,), "f2": (rows, steps), "f3": (rows, steps, 1)}[kind]
+        return torch.tensor(0.0 if x is None else float(x), dtype=dtype).expand(shape).numpy()
+    return x.detach().to(dtype).numpy()
+
+
+def run(name: str, dtype: torch.dtype, *args) -> None:
+    """Run kernel ``name``; float arrays are converted to ``dtype`` (float32 or float64).
+
+    ``args`` follow the kernel's signature with ``[R, T]`` tensors (``[R]`` per-row,
+    ``[R, T, A]`` for actions), None for an absent input, numbers for constants.
+    """
+    fn = KERNELS[name]
+    kinds = _SIGNATURES[fn].split()
+    rows, steps = args[0].shape[:2]
+    converted = [_adapt(k, a, rows, steps, dtype) for k, a in zip(kinds, args)]
+    _kernel(fn, torch.empty(0, dtype=dtype).numpy().dtype)(*converted)

@@ -1,0 +1,364 @@
+"""The seven estimators: argument handling, then either a fused backend kernel or the
+composed path (coefficients as torch ops, the differentiable scan, an epilogue).
+
+The composed path serves ``backend="torch"`` and every call where autograd needs gradients;
+the fused paths (numba on CPU, Triton on GPU) read the raw inputs once and write the outputs.
+Semantics: docs/semantics.md.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import coefficients as C
+from . import cpu, inputs, scan
+
+_TRUNCATION_HELP = (
+    "truncated steps bootstrap from the value of the final observation, which values[t+1] does "
+    "not hold: pass next_values (V(s_{t+1}) of the true successor at every step), or fold the "
+    "truncation bootstrap into the rewards and pass only terminated/done"
+)
+
+
+class _Call:
+    """One estimator call: validated inputs in ``[R, T]`` form and the chosen backend."""
+
+    def __init__(self, ref, ref_name: str, time_dim):
+        inputs.check_tensor(ref, ref_name)
+        self.rows = inputs.Rows(ref, ref_name, time_dim, ref.dtype)
+        self.cd = inputs.compute_dtype(ref.dtype)
+        self.grad_inputs = [ref]
+        self.term = self.done = self.trunc = None
+        self.done_mode = cpu.DONE_ARRAY
+
+    # -- validation ----------------------------------------------------------------------
+    def value(self, x, name, *, optional=False, shape=None):
+        if x is None and optional:
+            return None
+        self.rows.value(x, name, shape=shape)
+        self.grad_inputs.append(x)
+        return x
+
+    def per_row(self, x, name):
+        return self.value(x, name, optional=True, shape=self.rows.row_shape)
+
+    def coefficient(self, x, name):
+        x = self.rows.coefficient(x, name)
+        if isinstance(x, torch.Tensor):
+            self.grad_inputs.append(x)
+        return x
+
+    def flags(self, terminated, truncated, done, *, align=False):
+        """Canonical flags: term_eff = terminated or done; done_eff = done or term | trunc."""
+        if align:
+            terminated, truncated, done = (
+                inputs.align_leading(f, self.rows.ref.ndim, self.rows.tdim) for f in (terminated, truncated, done)
+            )
+        terminated = self.rows.flag(terminated, "terminated")
+        truncated = self.rows.flag(truncated, "truncated")
+        done = self.rows.flag(done, "done")
+        if truncated is not None and done is not None:
+            raise ValueError(
+                "pass either truncated (gymnasium style, with terminated) or done (TorchRL style, "
+                "with optional terminated), not truncated together with done"
+            )
+        if inputs.value_checks_on(self.rows.device):
+            for name, f in (("terminated", terminated), ("truncated", truncated), ("done", done)):
+                if f is not None and f.dtype != torch.bool and not bool(((f == 0) | (f == 1)).all()):
+                    raise ValueError(f"{name} must hold only 0 and 1")
+            if terminated is not None and done is not None and bool(((terminated != 0) & (done == 0)).any()):
+                raise ValueError("terminated is set at a step where done is not; done must include terminations")
+        self.maybe_truncated = truncated is not None or (done is not None and terminated is not None)
+        if done is not None:
+            self.done = done
+            self.term = terminated if terminated is not None else done
+        else:
+            self.term, self.trunc = terminated, truncated
+            if terminated is not None or truncated is not None:
+                self.done_mode = cpu.DONE_TERM_OR_TRUNC
+
+    def next_value_form(self, values, next_values, bootstrap_value) -> int:
+        if next_values is not None:
+            if bootstrap_value is not None:
+                raise ValueError(
+                    "pass either next_values (explicit V(s_{t+1})) or bootstrap_value (V(s_T) for the "
+                    "implied form), not both"
+                )
+            self.value(next_values, "next_values")
+            return cpu.NV_EXPLICIT
+        self.per_row(bootstrap_value, "bootstrap_value")
+        if self.maybe_truncated:
+            raise ValueError(f"next_values is required when steps can be truncated: {_TRUNCATION_HELP}")
+        return cpu.NV_IMPLIED
+
+    # -- execution -----------------------------------------------------------------------
+    def start(self, backend) -> bool:
+        """Choose the backend; True when the fused path runs (no autograd needed)."""
+        self.backend = scan.resolve_backend(backend, self.rows.device)
+        needs_grad = torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in self.grad_inputs
+        )
+        self.empty = self.rows.R == 0 or self.rows.T == 0
+        return self.backend != "torch" and not needs_grad
+
+    def empty_outputs(self, n):
+        outs = tuple(self.rows.output()[0] for _ in range(n))
+        return outs if n > 1 else outs[0]
+
+    def run_fused(self, name, *args, n_out=1):
+        """Run a fused kernel; outputs are appended to ``args`` as ``[R, T]`` buffers."""
+        rows = self.rows
+        # numba writes the compute dtype; Triton stores the caller's dtype itself
+        dtype = self.cd if self.backend == "cpu" else rows.dtype
+        outs = []
+        for _ in range(n_out):
+            out, view = rows.output() if dtype == rows.dtype else (None, None)
+            if view is None:
+                out, view = None, torch.empty(rows.R, rows.T, dtype=dtype, device=rows.device)
+            outs.append((out, view))
+        buffers = [v for _, v in outs]
+        if self.backend == "cpu":
+            cpu.run(name, self.cd, *args, *buffers)
+        else:
+            from . import kernels
+
+            kernels.run(name, *args, *buffers)
+        results = tuple(out if out is not None else rows.deliver(view) for out, view in outs)
+        return results if n_out > 1 else results[0]
+
+    # -- the [R, T] views the kernels and the composed path read ---------------------------
+    def r(self, x):
+        """Raw ``[R, T]`` view (fused kernels convert on load); None and numbers pass through."""
+        return self.rows.rows(x) if isinstance(x, torch.Tensor) else x
+
+    def r_row(self, x):
+        return None if x is None else self.rows.per_row(x)
+
+    def f(self, x):
+        """``[R, T]`` in the compute dtype for the composed path; numbers pass through."""
+        return self.rows.rows(x).to(self.cd) if isinstance(x, torch.Tensor) else x
+
+    def f_row(self, x):
+        zeros = torch.zeros(self.rows.R, dtype=self.cd, device=self.rows.device)
+        return zeros if x is None else self.rows.per_row(x).to(self.cd)
+
+    def fused_flags(self):
+        return self.r(self.term), self.r(self.done), self.r(self.trunc)
+
+    def composed_flags(self):
+        """(1 - terminated, 1 - done) as float ``[R, T]`` tensors."""
+        zeros = torch.zeros((), dtype=torch.bool, device=self.rows.device).expand(self.rows.R, self.rows.T)
+        term = self.r(self.term) != 0 if self.term is not None else zeros
+        if self.done is not None:
+            done = self.r(self.done) != 0
+        else:
+            done = term | (self.r(self.trunc) != 0) if self.trunc is not None else term
+        return 1.0 - term.to(self.cd), 1.0 - done.to(self.cd)
+
+    def composed_next_values(self, values, next_values, bootstrap_value):
+        if next_values is not None:
+            return self.f(next_values)
+        return torch.cat([self.f(values)[:, 1:], self.f_row(bootstrap_value)[:, None]], 1)
+
+
+def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=None, truncated=None,
+        done=None, gamma=0.99, lmbda=0.95, time_dim=-1, backend=None):
+    """Generalized advantage estimation.
+
+    delta[t] = r[t] + gamma*(1-terminated[t])*V(s_{t+1}) - V(s_t)
+    A[t] = delta[t] + gamma*lmbda*(1-done[t])*A[t+1],  A[T] = 0
+
+    Returns ``(advantages, value_targets = advantages + values)``.
+    """
+    c = _Call(rewards, "rewards", time_dim)
+    c.value(values, "values")
+    c.flags(terminated, truncated, done)
+    nv_mode = c.next_value_form(values, next_values, bootstrap_value)
+    g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
+    fused = c.start(backend)
+    if c.empty:
+        return c.empty_outputs(2)
+    if fused:
+        return c.run_fused("gae", c.r(rewards), c.r(values), c.r(next_values), c.r_row(bootstrap_value),
+                           *c.fused_flags(), c.r(g), c.r(l), nv_mode, c.done_mode, n_out=2)
+    v = c.f(values)
+    nterm, ndone = c.composed_flags()
+    nv = c.composed_next_values(values, next_values, bootstrap_value)
+    alpha, beta = C.gae(c.f(rewards), v, nv, nterm, ndone, c.f(g), c.f(l))
+    adv = scan.scan(alpha, beta, c.f_row(None), True, c.backend)
+    return c.rows.deliver(adv), c.rows.deliver(adv + v)
+
+
+def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, done=None, gamma=0.99,
+                     lmbda=0.95, time_dim=-1, backend=None):
+    """TD(lambda) return, restarting at every done and bootstrapping at truncations and the window end.
+
+    G[t] = r[t] + gamma*(1-terminated[t])*((1-lmbda)*V(s_{t+1}) + lmbda*G'[t+1]),
+    G'[t+1] = V(s_{t+1}) where done[t] or t = T-1, else G[t+1].  lmbda=1: TD(1), lmbda=0: TD(0).
+    """
+    c = _Call(rewards, "rewards", time_dim)
+    c.value(next_values, "next_values")
+    c.flags(terminated, truncated, done)
+    g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
+    fused = c.start(backend)
+    if c.empty:
+        return c.empty_outputs(1)
+    if fused:
+        return c.run_fused("td_lambda", c.r(rewards), c.r(next_values), *c.fused_flags(), c.r(g), c.r(l),
+                           c.done_mode)
+    nv = c.f(next_values)
+    nterm, ndone = c.composed_flags()
+    alpha, beta = C.td_lambda(c.f(rewards), nv, nterm, ndone, c.f(g), c.f(l))
+    return c.rows.deliver(scan.scan(alpha, beta, nv[:, -1], True, c.backend))
+
+
+def discounted_return(rewards, *, terminated=None, truncated=None, done=None, next_values=None,
+                      bootstrap_value=None, gamma=0.99, time_dim=-1, backend=None):
+    """Discounted reward-to-go within episodes.
+
+    R[t] = r[t] + gamma*(1-terminated[t])*(R[t+1] if not done[t] else V(s_{t+1})),
+    R[T] = bootstrap_value if given, else next_values[T-1] if given, else 0 (Monte Carlo).
+    """
+    c = _Call(rewards, "rewards", time_dim)
+    c.flags(terminated, truncated, done)
+    if next_values is not None and bootstrap_value is not None:
+        raise ValueError("pass either next_values or bootstrap_value, not both")
+    c.value(next_values, "next_values", optional=True)
+    c.per_row(bootstrap_value, "bootstrap_value")
+    if c.maybe_truncated and next_values is None:
+        raise ValueError(f"next_values is required when steps can be truncated: {_TRUNCATION_HELP}")
+    g = c.coefficient(gamma, "gamma")
+    fused = c.start(backend)
+    if c.empty:
+        return c.empty_outputs(1)
+    if fused:
+        nv = c.r(next_values)
+        carry = c.r_row(bootstrap_value) if nv is None else nv[:, -1]
+        return c.run_fused("discounted", c.r(rewards), nv, carry, *c.fused_flags(), c.r(g), c.done_mode)
+    r = c.f(rewards)
+    nv = c.f(next_values) if next_values is not None else torch.zeros_like(r)
+    carry = c.f_row(bootstrap_value) if next_values is None else nv[:, -1]
+    nterm, ndone = c.composed_flags()
+    alpha, beta = C.discounted(r, nv, nterm, ndone, c.f(g))
+    return c.rows.deliver(scan.scan(alpha, beta, carry, True, c.backend))
+
+
+def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value=None, terminated=None,
+           truncated=None, done=None, gamma=0.99, lmbda=1.0, rho_bar=1.0, c_bar=1.0, rho_bar_pg=None,
+           time_dim=-1, backend=None):
+    """V-trace targets and policy-gradient advantages (IMPALA).
+
+    ratio = exp(log_pi - log_mu), rho = min(rho_bar, ratio), c = lmbda*min(c_bar, ratio)
+    (vs - v)[t] = rho[t]*(r[t] + gamma*(1-term[t])*V(s_{t+1}) - v[t]) + gamma*(1-done[t])*c[t]*(vs - v)[t+1]
+    pg[t] = min(rho_bar_pg, ratio[t])*(r[t] + gamma*(1-term[t])*vs_next[t] - v[t]),
+    vs_next[t] = vs[t+1], or V(s_{t+1}) where done[t] or t = T-1.  Returns ``(vs, pg_advantages)``.
+    """
+    c = _Call(rewards, "rewards", time_dim)
+    c.value(values, "values")
+    c.value(log_pi, "log_pi")
+    c.value(log_mu, "log_mu")
+    c.flags(terminated, truncated, done)
+    nv_mode = c.next_value_form(values, next_values, bootstrap_value)
+    g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
+    rho_bar = inputs.check_threshold(rho_bar, "rho_bar")
+    c_bar = inputs.check_threshold(c_bar, "c_bar")
+    rho_bar_pg = rho_bar if rho_bar_pg is None else inputs.check_threshold(rho_bar_pg, "rho_bar_pg")
+    fused = c.start(backend)
+    if c.empty:
+        return c.empty_outputs(2)
+    if fused:
+        return c.run_fused("vtrace", c.r(rewards), c.r(values), c.r(next_values), c.r_row(bootstrap_value),
+                           c.r(log_pi), c.r(log_mu), *c.fused_flags(), c.r(g), c.r(l), rho_bar, c_bar,
+                           rho_bar_pg, nv_mode, c.done_mode, n_out=2)
+    r, v = c.f(rewards), c.f(values)
+    nv = c.composed_next_values(values, next_values, bootstrap_value)
+    nterm, ndone = c.composed_flags()
+    gf = c.f(g)
+    ratio = torch.exp(c.f(log_pi) - c.f(log_mu))
+    alpha, beta = C.vtrace(r, v, nv, nterm, ndone, gf, ratio.clamp(max=rho_bar), c.f(l) * ratio.clamp(max=c_bar))
+    vs = scan.scan(alpha, beta, c.f_row(None), True, c.backend) + v
+    vs_next = torch.where(ndone == 0, nv, torch.cat([vs[:, 1:], nv[:, -1:]], 1))
+    pg = C.vtrace_pg(r, v, vs_next, nterm, gf, ratio.clamp(max=rho_bar_pg))
+    return c.rows.deliver(vs), c.rows.deliver(pg)
+
+
+def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=None, next_q=None,
+            terminated=None, truncated=None, done=None, gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1,
+            backend=None):
+    """Retrace(lambda) targets for Q(s_t, a_t) (Munos et al. 2016).
+
+    c[t] = lmbda*min(c_bar, exp(log_pi[t] - log_mu[t])), c[T] = 0;
+    ev[t] = E_{a~pi} Q(s_{t+1}, a): ``next_expected_q``, or sum_a next_pi[..., a]*next_q[..., a];
+    Q_ret[t] = r[t] + gamma*(1-term[t])*(ev[t] + (1-done[t])*c[t+1]*(Q_ret[t+1] - q[t+1])).
+    """
+    c = _Call(rewards, "rewards", time_dim)
+    c.value(q_values, "q_values")
+    c.value(log_pi, "log_pi")
+    c.value(log_mu, "log_mu")
+    if (next_expected_q is None) == (next_pi is None and next_q is None):
+        raise ValueError("pass either next_expected_q or the pair next_pi and next_q (not both, not neither)")
+    if next_expected_q is None:
+        if next_pi is None or next_q is None:
+            raise ValueError("next_pi and next_q must be given together")
+        for name, x in (("next_pi", next_pi), ("next_q", next_q)):
+            inputs.check_tensor(x, name)
+            if x.ndim != c.rows.ref.ndim + 1:
+                raise ValueError(f"{name} must have the rewards' shape plus an action dim, got {tuple(x.shape)}")
+            c.value(x, name, shape=tuple(c.rows.shape) + (x.shape[-1],))
+        if next_pi.shape[-1] != next_q.shape[-1]:
+            raise ValueError(f"next_pi has {next_pi.shape[-1]} actions but next_q has {next_q.shape[-1]}")
+    else:
+        c.value(next_expected_q, "next_expected_q")
+    c.flags(terminated, truncated, done)
+    g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
+    c_bar = inputs.check_threshold(c_bar, "c_bar")
+    pair = next_expected_q is None
+    fused = c.start(backend)
+    if c.empty:
+        return c.empty_outputs(1)
+    if fused:
+        pi, nq = (c.rows.rows_3d(next_pi), c.rows.rows_3d(next_q)) if pair else (None, None)
+        return c.run_fused("retrace", c.r(rewards), c.r(q_values), c.r(log_pi), c.r(log_mu),
+                           c.r(next_expected_q), pi, nq, *c.fused_flags(), c.r(g), c.r(l), c_bar, int(pair),
+                           c.done_mode)
+    if pair:
+        ev = (c.rows.rows_3d(next_pi).to(c.cd) * c.rows.rows_3d(next_q).to(c.cd)).sum(-1)
+    else:
+        ev = c.f(next_expected_q)
+    q = c.f(q_values)
+    nterm, ndone = c.composed_flags()
+    trace = c.f(l) * torch.exp(c.f(log_pi) - c.f(log_mu)).clamp(max=c_bar)
+    c_next = torch.cat([trace[:, 1:], torch.zeros_like(trace[:, :1])], 1)
+    alpha, beta = C.retrace(c.f(rewards), q, ev, nterm, ndone, c.f(g), c_next)
+    return c.rows.deliver(scan.scan(alpha, beta, c.f_row(None), True, c.backend) + q)
+
+
+def _forward_trace(x, done, decay, initial, time_dim, backend):
+    """e[t] = x[t] + decay[t]*(1-done[t-1])*e[t-1], e[-1] = initial (done[-1] = 0)."""
+    c = _Call(x, "x", time_dim)
+    c.flags(None, None, done, align=True)
+    decay = [c.coefficient(d, name) for name, d in decay]
+    c.per_row(initial, "initial")
+    fused = c.start(backend)
+    if c.empty:
+        return c.empty_outputs(1)
+    if fused:
+        return c.run_fused("forward_trace", c.r(x), c.r(c.done), c.r(decay[0] * decay[1]), c.r_row(initial))
+    _, ndone = c.composed_flags()
+    prev_open = torch.cat([torch.ones_like(ndone[:, :1]), ndone[:, :-1]], 1)
+    beta = c.f(decay[0]) * c.f(decay[1]) * prev_open
+    return c.rows.deliver(scan.scan(c.f(x), beta, c.f_row(initial), False, c.backend))
+
+
+def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time_dim=-1, backend=None):
+    """Accumulating eligibility trace, forward in time, reset after each done.
+
+    e[t] = x[t] + gamma*lmbda*(1-done[t-1])*e[t-1], e[-1] = initial (default 0).
+    ``x`` may have trailing feature dims after the time dim; ``done`` broadcasts over them.
+    """
+    return _forward_trace(x, done, [("gamma", gamma), ("lmbda", lmbda)], initial, time_dim, backend)
+
+
+def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None):
+    """Running sum within episodes, forward in time: c[t] = x[t] + (1-done[t-1])*c[t-1], c[-1] = initial."""
+    return _forward_trace(x, done, [("gamma", 1.0), ("lmbda", 1.0)], initial, time_dim, backend)

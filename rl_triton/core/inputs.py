@@ -1,0 +1,175 @@
+"""Argument checking and the mapping between caller layouts and ``[rows, T]`` views.
+
+Every check here runs before any computation, raises ``TypeError``/``ValueError`` naming the
+argument, and never synchronises with a device unless value checks are switched on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from numbers import Real
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLAG_DTYPES = (
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; every other float type accumulates in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def value_checks_on(device: torch.device) -> bool:
+    """Data-reading checks: on for CPU tensors, opt-in for accelerators (they would sync)."""
+    mode = os.environ.get("RL_TRITON_CHECK_VALUES", "auto").strip().lower()
+    if mode in ("1", "true", "on", "yes"):
+        return True
+    if mode in ("0", "false", "off", "no"):
+        return False
+    return device.type == "cpu"
+
+
+def check_tensor(x, name: str, *, dtypes=FLOAT_DTYPES, kind: str = "a floating-point") -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        raise TypeError(f"{name} must be {kind} tensor, got dtype {x.dtype}")
+    return x
+
+
+def check_unit_interval(x, name: str):
+    """gamma / lmbda: a number or float tensor in [0, 1]."""
+    if isinstance(x, torch.Tensor):
+        check_tensor(x, name)
+        if value_checks_on(x.device) and x.numel() and not bool(((x >= 0) & (x <= 1)).all()):
+            raise ValueError(f"{name} must lie in [0, 1]; the tensor has values outside")
+        return x
+    if isinstance(x, bool) or not isinstance(x, Real):
+        raise TypeError(f"{name} must be a float or a tensor, got {type(x).__name__}")
+    if not 0.0 <= float(x) <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {x}")
+    return float(x)
+
+
+def check_threshold(x, name: str) -> float:
+    """Clip thresholds (rho_bar, c_bar): numbers > 0, inf allowed."""
+    if isinstance(x, bool) or not isinstance(x, Real):
+        raise TypeError(f"{name} must be a float, got {type(x).__name__}")
+    if math.isnan(float(x)) or float(x) <= 0:
+        raise ValueError(f"{name} must be > 0, got {x}")
+    return float(x)
+
+
+class Rows:
+    """The layout of one call: a reference shape with time at ``tdim``, seen as ``[R, T]`` rows.
+
+    Per-step inputs broadcast to ``shape``; per-row inputs (bootstrap values, initial states)
+    broadcast to ``shape`` without the time dim.
+    """
+
+    def __init__(self, ref: torch.Tensor, ref_name: str, time_dim, dtype: torch.dtype):
+        if isinstance(time_dim, bool) or not isinstance(time_dim, int):
+            raise TypeError(f"time_dim must be an int, got {type(time_dim).__name__}")
+        if ref.ndim == 0:
+            raise ValueError(f"{ref_name} must have a time dimension, got a 0-d tensor")
+        if not -ref.ndim <= time_dim < ref.ndim:
+            raise ValueError(f"time_dim={time_dim} is out of range for {ref_name} of shape {tuple(ref.shape)}")
+        self.ref = ref
+        self.ref_name = ref_name
+        self.dtype = dtype
+        self.device = ref.device
+        self.shape = ref.shape
+        self.tdim = time_dim % ref.ndim
+        self.T = ref.shape[self.tdim]
+        self.row_shape = ref.shape[: self.tdim] + ref.shape[self.tdim + 1:]
+        self.R = math.prod(self.row_shape)
+
+    def _same_device(self, x: torch.Tensor, name: str):
+        if x.device != self.device:
+            raise ValueError(f"{name} is on {x.device} but {self.ref_name} is on {self.device}")
+
+    def value(self, x, name: str, *, shape=None) -> torch.Tensor:
+        """A float input of this call: same dtype and device, broadcastable to ``shape``."""
+        check_tensor(x, name)
+        self._same_device(x, name)
+        if x.dtype != self.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype} but {self.ref_name} has {self.dtype}; pass one float dtype")
+        self.check_broadcast(x, name, self.shape if shape is None else shape)
+        return x
+
+    def flag(self, x, name: str) -> torch.Tensor | None:
+        if x is None:
+            return None
+        check_tensor(x, name, dtypes=FLAG_DTYPES, kind="a bool, integer or float")
+        self._same_device(x, name)
+        self.check_broadcast(x, name, self.shape)
+        return x
+
+    def coefficient(self, x, name: str):
+        x = check_unit_interval(x, name)
+        if isinstance(x, torch.Tensor):
+            self._same_device(x, name)
+            self.check_broadcast(x, name, self.shape)
+        return x
+
+    @staticmethod
+    def check_broadcast(x: torch.Tensor, name: str, shape):
+        try:
+            ok = torch.broadcast_shapes(x.shape, shape) == torch.Size(shape)
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, which does not broadcast to {tuple(shape)}")
+
+    # -- views -------------------------------------------------------------------------------
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``[R, T]`` view (a copy only when the batch dims cannot be merged)."""
+        return x.expand(self.shape).movedim(self.tdim, -1).reshape(self.R, self.T)
+
+    def rows_3d(self, x: torch.Tensor) -> torch.Tensor:
+        """``[R, T, A]`` for inputs with a trailing action dim."""
+        x = x.expand(*self.shape, x.shape[-1])
+        return x.movedim(self.tdim, -2).reshape(self.R, self.T, x.shape[-1])
+
+    def per_row(self, x: torch.Tensor) -> torch.Tensor:
+        """``[R]`` view of a per-row input (bootstrap value, initial state)."""
+        return x.expand(self.row_shape).reshape(self.R)
+
+    def from_rows(self, y: torch.Tensor) -> torch.Tensor:
+        """Inverse of :meth:`rows` for a freshly computed ``[R, T]`` tensor."""
+        moved = self.row_shape + (self.T,)
+        return y.reshape(moved).movedim(-1, self.tdim)
+
+    def output(self, dtype: torch.dtype | None = None):
+        """An output in the caller's layout and a writable ``[R, T]`` view of it, or None."""
+        dtype = self.dtype if dtype is None else dtype
+        # empty_like keeps the strides of dense inputs and is contiguous otherwise
+        out = torch.empty_like(self.ref, dtype=dtype)
+        try:
+            view = out.movedim(self.tdim, -1).view(self.R, self.T)
+        except RuntimeError:
+            view = None
+        return out, view
+
+    def deliver(self, y: torch.Tensor) -> torch.Tensor:
+        """A computed ``[R, T]`` tensor in the caller's shape, dtype and (when possible) layout."""
+        if y.requires_grad:
+            return self.from_rows(y).to(self.dtype)
+        out, view = self.output()
+        if view is not None:
+            view.copy_(y)
+        else:
+            out.movedim(self.tdim, -1).copy_(y.reshape(self.row_shape + (self.T,)))
+        return out
+
+
+def align_leading(x: torch.Tensor | None, ref_ndim: int, tdim: int) -> torch.Tensor | None:
+    """Right-pad a flag tensor that covers ref's leading dims (time included) with singleton dims."""
+    if x is None or x.ndim >= ref_ndim or x.ndim <= tdim:
+        return x
+    return x.reshape(x.shape + (1,) * (ref_ndim - x.ndim))
