@@ -20,10 +20,7 @@ from . import coefficients as C
 
 AVAILABLE = nb is not None
 
-# how next values are read: explicit array, or values[t+1] with bootstrap at t = T-1
-NV_EXPLICIT, NV_IMPLIED = 0, 1
-# how done is read: the done array, or terminated | truncated
-DONE_ARRAY, DONE_TERM_OR_TRUNC = 0, 1
+from .signatures import DONE_ARRAY, NV_EXPLICIT, kinds
 
 
 if AVAILABLE:
@@ -154,31 +151,20 @@ def _affine_scan(alpha, beta, carry, reverse, out):
             out[i, t] = acc
 
 
-# argument kinds: f1/f2/f3 float arrays of the compute dtype, u2 uint8 flags, s float64 scalar,
-# i int64 scalar, b bool scalar
-_SIGNATURES = {
-    _gae: "f2 f2 f2 f1 u2 u2 u2 f2 f2 i i f2 f2",
-    _td_lambda: "f2 f2 u2 u2 u2 f2 f2 i f2",
-    _discounted: "f2 f2 f1 u2 u2 u2 f2 i f2",
-    _vtrace: "f2 f2 f2 f1 f2 f2 u2 u2 u2 f2 f2 s s s i i f2 f2",
-    _retrace: "f2 f2 f2 f2 f2 f3 f3 u2 u2 u2 f2 f2 s i i f2",
-    _forward_trace: "f2 u2 f2 f1 f2",
-    _affine_scan: "f2 f2 f1 b f2",
-}
 _compiled: dict = {}
 
 
-def _kernel(fn, dtype: np.dtype):
-    key = (fn, dtype)
+def _kernel(name: str, dtype: np.dtype):
+    key = (name, dtype)
     if key not in _compiled:
         ft = nb.from_dtype(dtype)
-        kinds = {
+        types = {
             "f1": nb.types.Array(ft, 1, "A"), "f2": nb.types.Array(ft, 2, "A"),
             "f3": nb.types.Array(ft, 3, "A"), "u2": nb.types.Array(nb.types.uint8, 2, "A"),
             "s": nb.types.float64, "i": nb.types.int64, "b": nb.types.boolean,
         }
-        sig = nb.types.void(*(kinds[k] for k in _SIGNATURES[fn].split()))
-        _compiled[key] = nb.njit(sig, parallel=True, cache=True, nogil=True)(fn)
+        sig = nb.types.void(*(types[k] for k in kinds(name)))
+        _compiled[key] = nb.njit(sig, parallel=True, cache=True, nogil=True)(KERNELS[name])
     return _compiled[key]
 
 
@@ -209,13 +195,7 @@ def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
 
 
 def run(name: str, dtype: torch.dtype, *args) -> None:
-    """Run kernel ``name``; float arrays are converted to ``dtype`` (float32 or float64).
-
-    ``args`` follow the kernel's signature with ``[R, T]`` tensors (``[R]`` per-row,
-    ``[R, T, A]`` for actions), None for an absent input, numbers for constants.
-    """
-    fn = KERNELS[name]
-    kinds = _SIGNATURES[fn].split()
+    """Run kernel ``name`` (arguments: ``signatures.KINDS``); floats are computed in ``dtype``."""
     rows, steps = args[0].shape[:2]
-    converted = [_adapt(k, a, rows, steps, dtype) for k, a in zip(kinds, args)]
-    _kernel(fn, torch.empty(0, dtype=dtype).numpy().dtype)(*converted)
+    converted = [_adapt(k, a, rows, steps, dtype) for k, a in zip(kinds(name), args)]
+    _kernel(name, torch.empty(0, dtype=dtype).numpy().dtype)(*converted)

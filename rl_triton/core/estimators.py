@@ -12,6 +12,7 @@ import torch
 
 from . import coefficients as C
 from . import cpu, inputs, scan
+from .signatures import DONE_ARRAY, DONE_TERM_OR_TRUNC, NV_EXPLICIT, NV_IMPLIED
 
 _TRUNCATION_HELP = (
     "truncated steps bootstrap from the value of the final observation, which values[t+1] does "
@@ -29,7 +30,7 @@ class _Call:
         self.cd = inputs.compute_dtype(ref.dtype)
         self.grad_inputs = [ref]
         self.term = self.done = self.trunc = None
-        self.done_mode = cpu.DONE_ARRAY
+        self.done_mode = DONE_ARRAY
 
     # -- validation ----------------------------------------------------------------------
     def value(self, x, name, *, optional=False, shape=None):
@@ -75,7 +76,7 @@ class _Call:
         else:
             self.term, self.trunc = terminated, truncated
             if terminated is not None or truncated is not None:
-                self.done_mode = cpu.DONE_TERM_OR_TRUNC
+                self.done_mode = DONE_TERM_OR_TRUNC
 
     def next_value_form(self, values, next_values, bootstrap_value) -> int:
         if next_values is not None:
@@ -85,11 +86,11 @@ class _Call:
                     "implied form), not both"
                 )
             self.value(next_values, "next_values")
-            return cpu.NV_EXPLICIT
+            return NV_EXPLICIT
         self.per_row(bootstrap_value, "bootstrap_value")
         if self.maybe_truncated:
             raise ValueError(f"next_values is required when steps can be truncated: {_TRUNCATION_HELP}")
-        return cpu.NV_IMPLIED
+        return NV_IMPLIED
 
     # -- execution -----------------------------------------------------------------------
     def start(self, backend) -> bool:

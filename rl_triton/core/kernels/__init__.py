@@ -1,10 +1,122 @@
-"""Triton kernels: the GPU backend (one scan engine plus per-algorithm coefficient builders).
+"""Triton backend: launch planning and argument packing for the scan engine.
 
-The engine arrives with the Triton issue; until then ``AVAILABLE`` is False and the
-dispatcher never selects this backend.
+``run(name, *args)`` takes the same arguments as the numba backend (``signatures.KINDS``).
+The launch plan is a small function of (rows, T, dtype):
+
+- ``BLOCK_T`` = next power of two of T, at most 1024 steps (512 in float64): rows up to that
+  length are one chunk, longer rows are walked in chunks with the carry in registers;
+- ``BLOCK_R`` fills a tile of ~2048 elements, so many short rows share one program;
+- when the row programs alone cannot fill the GPU (fewer than 2 per multiprocessor) and rows
+  span at least 4 chunks, the time axis is split into segments: one pass reduces each segment
+  to an affine map, a second folds the maps into carries and scans (reduce-then-scan).
 """
 
+from __future__ import annotations
+
+import contextlib
+import functools
 import os
 
+import torch
+
+from ..signatures import N_OUT, kinds
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-AVAILABLE = False
+try:
+    import triton
+    import triton.language as tl
+
+    from .builders import ALGORITHMS
+    from .engine import scan_kernel
+
+    AVAILABLE = True
+except ImportError:  # CPU-only installs without triton still work on the other backends
+    AVAILABLE = False
+
+TILE = 2048
+MAX_SEGMENTS = 1024
+_forced: dict = {}
+
+
+@contextlib.contextmanager
+def forced_plan(**plan):
+    """Force launch parameters (block_t, block_r, n_seg) so tests reach every regime at small sizes."""
+    _forced.update(plan)
+    try:
+        yield
+    finally:
+        _forced.clear()
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def plan(R: int, T: int, float64: bool, device: torch.device):
+    """(BLOCK_R, BLOCK_T, n_seg, seg_len, num_warps) for R rows of T steps."""
+    block_t = _forced.get("block_t") or min(triton.next_power_of_2(max(T, 1)), 512 if float64 else 1024)
+    block_r = _forced.get("block_r") or min(triton.next_power_of_2(max(R, 1)), max(1, TILE // block_t))
+    row_programs = triton.cdiv(R, block_r)
+    target = 2 * _multiprocessors(device)
+    n_seg = _forced.get("n_seg") or 1
+    if "n_seg" not in _forced and row_programs < target and T >= 4 * block_t:
+        n_seg = min(triton.cdiv(target, row_programs), triton.cdiv(T, block_t), MAX_SEGMENTS)
+    seg_len = triton.cdiv(triton.cdiv(T, n_seg), block_t) * block_t
+    n_seg = triton.cdiv(T, seg_len)
+    num_warps = max(1, min(8, block_r * block_t // 256))
+    return block_r, block_t, n_seg, seg_len, num_warps
+
+
+def _pack(kind: str, x):
+    """One argument in the engine's form: strided views as tuples, constants as (None, value)."""
+    if kind in ("u2", "f1", "f2", "f3") and isinstance(x, torch.Tensor):
+        return (x, *x.stride())
+    if kind == "f2" and x is not None:
+        return (None, float(x))
+    if kind == "i":
+        return None  # modes are implied by which inputs are None
+    return x
+
+
+def run(name: str, *args) -> None:
+    """Launch algorithm ``name`` on ``[R, T]`` views; the outputs are the last arguments."""
+    build, init, store, reverse = ALGORITHMS[name]
+    arg_kinds = kinds(name)
+    n_out = N_OUT.get(name, 1)
+    ref = args[0]
+    R, T = ref.shape[:2]
+    acc64 = ref.dtype == torch.float64
+    packed = []
+    for kind, x in zip(arg_kinds, args):
+        if kind == "f2" and acc64 and x is not None and not isinstance(x, torch.Tensor):
+            x = torch.full((), float(x), dtype=torch.float64, device=ref.device).expand(R, T)
+        if kind == "f3":
+            packed.append((x, *x.stride(), x.shape[2]) if x is not None else None)
+        else:
+            packed.append(_pack(kind, x))
+    ins, outs = tuple(packed[:-n_out]), tuple(packed[-n_out:])
+    if reverse is None:
+        reverse = bool(args[3])
+    acc = tl.float64 if acc64 else tl.float32
+    block_r, block_t, n_seg, seg_len, num_warps = plan(R, T, acc64, ref.device)
+    grid = (triton.cdiv(R, block_r), n_seg)
+    common = dict(BUILD=build, INIT=init, STORE=store, REVERSE=reverse, ACC=acc, BLOCK_R=block_r,
+                  BLOCK_T=block_t, SEG_BLOCK=triton.next_power_of_2(n_seg), num_warps=num_warps)
+    guard = torch.cuda.device(ref.device) if ref.device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        if n_seg > 1:
+            ws = torch.empty(R * n_seg * 2, dtype=torch.float64 if acc64 else torch.float32, device=ref.device)
+            scan_kernel[grid](ins, outs, ws, R, T, seg_len, n_seg, PHASE=1, **common)
+            scan_kernel[grid](ins, outs, ws, R, T, seg_len, n_seg, PHASE=2, **common)
+        else:
+            scan_kernel[grid](ins, outs, ref, R, T, seg_len, n_seg, PHASE=0, **common)
+
+
+def affine_scan(alpha, beta, carry, reverse: bool):
+    """y for ``[R, T]`` float tensors alpha, beta and carry ``[R]`` (the differentiable path's scan)."""
+    y = torch.empty(alpha.shape, dtype=alpha.dtype, device=alpha.device)
+    run("affine_scan", alpha, beta, carry, reverse, y)
+    return y

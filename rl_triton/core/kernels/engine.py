@@ -1,0 +1,131 @@
+"""The one scan engine: tiling, carries, scan direction, time splitting. It knows no RL.
+
+A program owns ``BLOCK_R`` rows and one segment of the time axis, walks it in chunks of
+``BLOCK_T`` steps in scan order (descending time for reverse scans, by reversed-index loads)
+and carries the running value between chunks. An algorithm plugs in three jit functions:
+
+    BUILD(ins, rows, t, mask, T, ACC) -> (alpha, beta, ctx)   coefficients from raw loads
+    INIT(ins, rows, rmask, T, ACC)    -> carry [BLOCK_R]       value beyond the window edge
+    STORE(ins, outs, rows, t, mask, y, y_in, first, ctx, T, ACC)   the epilogue
+
+``ins``/``outs`` hold ``(tensor, row_stride, time_stride)`` views, ``(None, number)`` constants,
+plain numbers, or None for absent inputs (compile-time specialised).
+
+Phases: 0 = one pass per row; with the time axis split into segments, 1 = each program
+reduces its segment to the affine map y_out = A + B*y_in (written to ``ws``), 2 = each program
+folds the maps of the segments before it into its incoming carry and scans for real.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def combine(a1, b1, a2, b2):
+    # (a1, b1) is the part already folded in scan order: y = a2 + b2 * (a1 + b1 * y_in)
+    return a2 + b2 * a1, b1 * b2
+
+
+@triton.jit
+def _offsets(x, rows, t):
+    return rows[:, None].to(tl.int64) * x[1] + t[None, :].to(tl.int64) * x[2]
+
+
+@triton.jit
+def load(x, rows, t, mask, ACC: tl.constexpr):
+    """[BLOCK_R, BLOCK_T] values of a per-step input in the accumulation dtype (0 if absent)."""
+    if x is None:
+        return tl.zeros((rows.shape[0], t.shape[0]), ACC)
+    else:
+        return tl.load(x[0] + _offsets(x, rows, t), mask=mask, other=0.0).to(ACC)
+
+
+@triton.jit
+def load_flag(x, rows, t, mask):
+    """A flag tile as int1 (nonzero is true; false if absent)."""
+    if x is None:
+        return tl.zeros((rows.shape[0], t.shape[0]), tl.int1)
+    else:
+        return tl.load(x[0] + _offsets(x, rows, t), mask=mask, other=0) != 0
+
+
+@triton.jit
+def load_row(x, rows, rmask, ACC: tl.constexpr):
+    """[BLOCK_R] values of a per-row input ``(tensor, stride)`` (0 if absent)."""
+    if x is None:
+        return tl.zeros((rows.shape[0],), ACC)
+    else:
+        return tl.load(x[0] + rows.to(tl.int64) * x[1], mask=rmask, other=0.0).to(ACC)
+
+
+@triton.jit
+def coef(x, rows, t, mask, ACC: tl.constexpr):
+    """A coefficient that is either a constant ``(None, value)`` or a per-step tensor."""
+    if x[0] is None:
+        return x[1]
+    else:
+        return load(x, rows, t, mask, ACC)
+
+
+@triton.jit
+def store(x, rows, t, mask, value):
+    tl.store(x[0] + _offsets(x, rows, t), value.to(x[0].dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _last(x, lanes, BLOCK_T: tl.constexpr):
+    return tl.sum(tl.where(lanes[None, :] == BLOCK_T - 1, x, 0.0), axis=1)
+
+
+@triton.jit
+def scan_kernel(ins, outs, ws, R, T, seg_len, n_seg,
+                BUILD: tl.constexpr, INIT: tl.constexpr, STORE: tl.constexpr,
+                REVERSE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, SEG_BLOCK: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < R
+    seg = tl.program_id(1)
+    lanes = tl.arange(0, BLOCK_T)
+    lo = seg * seg_len
+    hi = tl.minimum(lo + seg_len, T)
+
+    if PHASE == 1:
+        ca = tl.zeros((BLOCK_R,), ACC)
+        cb = tl.zeros((BLOCK_R,), ACC) + 1.0
+    else:
+        ca = INIT(ins, rows, rmask, T, ACC)
+        cb = tl.zeros((BLOCK_R,), ACC)
+        if PHASE == 2:
+            j = tl.arange(0, SEG_BLOCK)
+            m = rmask[:, None] & (j[None, :] < seg)
+            w = (rows[:, None].to(tl.int64) * n_seg + j[None, :]) * 2
+            A = tl.load(ws + w, mask=m, other=0.0)
+            B = tl.load(ws + w + 1, mask=m, other=1.0)
+            A, B = tl.associative_scan((A, B), 1, combine)
+            ca = _last(A, j, SEG_BLOCK) + _last(B, j, SEG_BLOCK) * ca
+
+    for k in range(tl.cdiv(hi - lo, BLOCK_T)):
+        s = lo + k * BLOCK_T + lanes
+        if REVERSE:
+            t = T - 1 - s
+        else:
+            t = s
+        mask = rmask[:, None] & (s < hi)[None, :]
+        alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
+        alpha = tl.where(mask, alpha, 0.0)
+        beta = tl.where(mask, beta, 1.0)
+        A, B = tl.associative_scan((alpha, beta), 1, combine)
+        if PHASE == 1:
+            a_last = _last(A, lanes, BLOCK_T)
+            b_last = _last(B, lanes, BLOCK_T)
+            ca = a_last + b_last * ca
+            cb = b_last * cb
+        else:
+            y = A + B * ca[:, None]
+            STORE(ins, outs, rows, t, mask, y, ca, lanes == 0, ctx, T, ACC)
+            ca = _last(y, lanes, BLOCK_T)
+
+    if PHASE == 1:
+        w = (rows.to(tl.int64) * n_seg + seg) * 2
+        tl.store(ws + w, ca, mask=rmask)
+        tl.store(ws + w + 1, cb, mask=rmask)

@@ -1,0 +1,28 @@
+"""Argument lists of the fused kernels, shared by the numba and Triton backends.
+
+Estimators call ``run(name, *args, *outputs)`` on either backend with the arguments in this
+order. Kinds: ``f1``/``f2``/``f3`` float tensors ``[R]``/``[R, T]``/``[R, T, A]`` (None when
+absent; ``f2`` coefficients may be plain numbers), ``u2`` flag tensors ``[R, T]`` of any dtype
+(None when absent), ``s`` float, ``i`` mode integer, ``b`` bool. Outputs are ``f2``.
+"""
+
+KINDS = {
+    "gae": "f2 f2 f2 f1 u2 u2 u2 f2 f2 i i",
+    "td_lambda": "f2 f2 u2 u2 u2 f2 f2 i",
+    "discounted": "f2 f2 f1 u2 u2 u2 f2 i",
+    "vtrace": "f2 f2 f2 f1 f2 f2 u2 u2 u2 f2 f2 s s s i i",
+    "retrace": "f2 f2 f2 f2 f2 f3 f3 u2 u2 u2 f2 f2 s i i",
+    "forward_trace": "f2 u2 f2 f1",
+    "affine_scan": "f2 f2 f1 b",
+}
+N_OUT = {"gae": 2, "vtrace": 2}
+
+# how next values are read: explicit array, or values[t+1] with bootstrap at t = T-1
+NV_EXPLICIT, NV_IMPLIED = 0, 1
+# how done is read: the done array, or terminated | truncated
+DONE_ARRAY, DONE_TERM_OR_TRUNC = 0, 1
+
+
+def kinds(name: str) -> list[str]:
+    """Kinds of all arguments of kernel ``name``, outputs included."""
+    return KINDS[name].split() + ["f2"] * N_OUT.get(name, 1)
