@@ -93,39 +93,54 @@ class _Call:
         return NV_IMPLIED
 
     # -- execution -----------------------------------------------------------------------
-    def start(self, backend) -> bool:
-        """Choose the backend; True when the fused path runs (no autograd needed)."""
+    def start(self, backend, out, n_out: int) -> bool:
+        """Check ``out``, choose the backend; True when the fused path runs (no autograd needed)."""
+        if out is None:
+            self.out = [None] * n_out
+        elif n_out == 1:
+            self.out = [self.rows.check_out(out, "out")]
+        else:
+            if not isinstance(out, (tuple, list)) or len(out) != n_out:
+                raise TypeError(f"out must be a tuple of {n_out} tensors")
+            self.out = [self.rows.check_out(o, f"out[{i}]") for i, o in enumerate(out)]
         self.backend = scan.resolve_backend(backend, self.rows.device)
         needs_grad = torch.is_grad_enabled() and any(
             isinstance(t, torch.Tensor) and t.requires_grad for t in self.grad_inputs
         )
+        if needs_grad and out is not None:
+            raise ValueError("out= does not support autograd; call without out= to get gradients")
         self.empty = self.rows.R == 0 or self.rows.T == 0
         return self.backend != "torch" and not needs_grad
 
-    def empty_outputs(self, n):
-        outs = tuple(self.rows.output()[0] for _ in range(n))
-        return outs if n > 1 else outs[0]
+    def results(self, ys):
+        """Outputs in the caller's layout from ``[R, T]`` results (None: nothing computed, T = 0)."""
+        outs = tuple(
+            self.rows.output(o)[0] if y is None else self.rows.deliver(y, o) for y, o in zip(ys, self.out)
+        )
+        return outs if len(outs) > 1 else outs[0]
 
-    def run_fused(self, name, *args, n_out=1):
-        """Run a fused kernel; outputs are appended to ``args`` as ``[R, T]`` buffers."""
+    def empty_outputs(self):
+        return self.results([None] * len(self.out))
+
+    def run_fused(self, name, *args):
+        """Run a fused kernel; the outputs' ``[R, T]`` views are appended to ``args``."""
         rows = self.rows
         # numba writes the compute dtype; Triton stores the caller's dtype itself
         dtype = self.cd if self.backend == "cpu" else rows.dtype
         outs = []
-        for _ in range(n_out):
-            out, view = rows.output() if dtype == rows.dtype else (None, None)
-            if view is None:
-                out, view = None, torch.empty(rows.R, rows.T, dtype=dtype, device=rows.device)
-            outs.append((out, view))
-        buffers = [v for _, v in outs]
+        for given in self.out:
+            out, view = rows.output(given) if dtype == rows.dtype else (given, None)
+            buffer = torch.empty(rows.R, rows.T, dtype=dtype, device=rows.device) if view is None else None
+            outs.append((out, view if buffer is None else buffer, buffer))
+        args = (*args, *(view for _, view, _ in outs))
         if self.backend == "cpu":
-            cpu.run(name, self.cd, *args, *buffers)
+            cpu.run(name, self.cd, *args)
         else:
             from . import kernels
 
-            kernels.run(name, *args, *buffers)
-        results = tuple(out if out is not None else rows.deliver(view) for out, view in outs)
-        return results if n_out > 1 else results[0]
+            kernels.run(name, *args)
+        results = tuple(out if buffer is None else rows.deliver(buffer, out) for out, _, buffer in outs)
+        return results if len(results) > 1 else results[0]
 
     # -- the [R, T] views the kernels and the composed path read ---------------------------
     def r(self, x):
@@ -163,7 +178,7 @@ class _Call:
 
 
 def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=None, truncated=None,
-        done=None, gamma=0.99, lmbda=0.95, time_dim=-1, backend=None):
+        done=None, gamma=0.99, lmbda=0.95, time_dim=-1, backend=None, out=None):
     """Generalized advantage estimation.
 
     delta[t] = r[t] + gamma*(1-terminated[t])*V(s_{t+1}) - V(s_t)
@@ -176,22 +191,22 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     c.flags(terminated, truncated, done)
     nv_mode = c.next_value_form(values, next_values, bootstrap_value)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
-    fused = c.start(backend)
+    fused = c.start(backend, out, 2)
     if c.empty:
-        return c.empty_outputs(2)
+        return c.empty_outputs()
     if fused:
         return c.run_fused("gae", c.r(rewards), c.r(values), c.r(next_values), c.r_row(bootstrap_value),
-                           *c.fused_flags(), c.r(g), c.r(l), nv_mode, c.done_mode, n_out=2)
+                           *c.fused_flags(), c.r(g), c.r(l), nv_mode, c.done_mode)
     v = c.f(values)
     nterm, ndone = c.composed_flags()
     nv = c.composed_next_values(values, next_values, bootstrap_value)
     alpha, beta = C.gae(c.f(rewards), v, nv, nterm, ndone, c.f(g), c.f(l))
     adv = scan.scan(alpha, beta, c.f_row(None), True, c.backend)
-    return c.rows.deliver(adv), c.rows.deliver(adv + v)
+    return c.results([adv, adv + v])
 
 
 def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, done=None, gamma=0.99,
-                     lmbda=0.95, time_dim=-1, backend=None):
+                     lmbda=0.95, time_dim=-1, backend=None, out=None):
     """TD(lambda) return, restarting at every done and bootstrapping at truncations and the window end.
 
     G[t] = r[t] + gamma*(1-terminated[t])*((1-lmbda)*V(s_{t+1}) + lmbda*G'[t+1]),
@@ -201,20 +216,20 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     c.value(next_values, "next_values")
     c.flags(terminated, truncated, done)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
-    fused = c.start(backend)
+    fused = c.start(backend, out, 1)
     if c.empty:
-        return c.empty_outputs(1)
+        return c.empty_outputs()
     if fused:
         return c.run_fused("td_lambda", c.r(rewards), c.r(next_values), *c.fused_flags(), c.r(g), c.r(l),
                            c.done_mode)
     nv = c.f(next_values)
     nterm, ndone = c.composed_flags()
     alpha, beta = C.td_lambda(c.f(rewards), nv, nterm, ndone, c.f(g), c.f(l))
-    return c.rows.deliver(scan.scan(alpha, beta, nv[:, -1], True, c.backend))
+    return c.results([scan.scan(alpha, beta, nv[:, -1], True, c.backend)])
 
 
 def discounted_return(rewards, *, terminated=None, truncated=None, done=None, next_values=None,
-                      bootstrap_value=None, gamma=0.99, time_dim=-1, backend=None):
+                      bootstrap_value=None, gamma=0.99, time_dim=-1, backend=None, out=None):
     """Discounted reward-to-go within episodes.
 
     R[t] = r[t] + gamma*(1-terminated[t])*(R[t+1] if not done[t] else V(s_{t+1})),
@@ -229,9 +244,9 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     if c.maybe_truncated and next_values is None:
         raise ValueError(f"next_values is required when steps can be truncated: {_TRUNCATION_HELP}")
     g = c.coefficient(gamma, "gamma")
-    fused = c.start(backend)
+    fused = c.start(backend, out, 1)
     if c.empty:
-        return c.empty_outputs(1)
+        return c.empty_outputs()
     if fused:
         nv = c.r(next_values)
         carry = c.r_row(bootstrap_value) if nv is None else nv[:, -1]
@@ -241,12 +256,12 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     carry = c.f_row(bootstrap_value) if next_values is None else nv[:, -1]
     nterm, ndone = c.composed_flags()
     alpha, beta = C.discounted(r, nv, nterm, ndone, c.f(g))
-    return c.rows.deliver(scan.scan(alpha, beta, carry, True, c.backend))
+    return c.results([scan.scan(alpha, beta, carry, True, c.backend)])
 
 
 def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value=None, terminated=None,
            truncated=None, done=None, gamma=0.99, lmbda=1.0, rho_bar=1.0, c_bar=1.0, rho_bar_pg=None,
-           time_dim=-1, backend=None):
+           time_dim=-1, backend=None, out=None):
     """V-trace targets and policy-gradient advantages (IMPALA).
 
     ratio = exp(log_pi - log_mu), rho = min(rho_bar, ratio), c = lmbda*min(c_bar, ratio)
@@ -264,13 +279,13 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     rho_bar = inputs.check_threshold(rho_bar, "rho_bar")
     c_bar = inputs.check_threshold(c_bar, "c_bar")
     rho_bar_pg = rho_bar if rho_bar_pg is None else inputs.check_threshold(rho_bar_pg, "rho_bar_pg")
-    fused = c.start(backend)
+    fused = c.start(backend, out, 2)
     if c.empty:
-        return c.empty_outputs(2)
+        return c.empty_outputs()
     if fused:
         return c.run_fused("vtrace", c.r(rewards), c.r(values), c.r(next_values), c.r_row(bootstrap_value),
                            c.r(log_pi), c.r(log_mu), *c.fused_flags(), c.r(g), c.r(l), rho_bar, c_bar,
-                           rho_bar_pg, nv_mode, c.done_mode, n_out=2)
+                           rho_bar_pg, nv_mode, c.done_mode)
     r, v = c.f(rewards), c.f(values)
     nv = c.composed_next_values(values, next_values, bootstrap_value)
     nterm, ndone = c.composed_flags()
@@ -280,12 +295,12 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     vs = scan.scan(alpha, beta, c.f_row(None), True, c.backend) + v
     vs_next = torch.where(ndone == 0, nv, torch.cat([vs[:, 1:], nv[:, -1:]], 1))
     pg = C.vtrace_pg(r, v, vs_next, nterm, gf, ratio.clamp(max=rho_bar_pg))
-    return c.rows.deliver(vs), c.rows.deliver(pg)
+    return c.results([vs, pg])
 
 
 def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=None, next_q=None,
             terminated=None, truncated=None, done=None, gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1,
-            backend=None):
+            backend=None, out=None):
     """Retrace(lambda) targets for Q(s_t, a_t) (Munos et al. 2016).
 
     c[t] = lmbda*min(c_bar, exp(log_pi[t] - log_mu[t])), c[T] = 0;
@@ -314,9 +329,9 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     c_bar = inputs.check_threshold(c_bar, "c_bar")
     pair = next_expected_q is None
-    fused = c.start(backend)
+    fused = c.start(backend, out, 1)
     if c.empty:
-        return c.empty_outputs(1)
+        return c.empty_outputs()
     if fused:
         pi, nq = (c.rows.rows_3d(next_pi), c.rows.rows_3d(next_q)) if pair else (None, None)
         return c.run_fused("retrace", c.r(rewards), c.r(q_values), c.r(log_pi), c.r(log_mu),
@@ -331,35 +346,35 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
     trace = c.f(l) * torch.exp(c.f(log_pi) - c.f(log_mu)).clamp(max=c_bar)
     c_next = torch.cat([trace[:, 1:], torch.zeros_like(trace[:, :1])], 1)
     alpha, beta = C.retrace(c.f(rewards), q, ev, nterm, ndone, c.f(g), c_next)
-    return c.rows.deliver(scan.scan(alpha, beta, c.f_row(None), True, c.backend) + q)
+    return c.results([scan.scan(alpha, beta, c.f_row(None), True, c.backend) + q])
 
 
-def _forward_trace(x, done, decay, initial, time_dim, backend):
+def _forward_trace(x, done, decay, initial, time_dim, backend, out):
     """e[t] = x[t] + decay[t]*(1-done[t-1])*e[t-1], e[-1] = initial (done[-1] = 0)."""
     c = _Call(x, "x", time_dim)
     c.flags(None, None, done, align=True)
     decay = [c.coefficient(d, name) for name, d in decay]
     c.per_row(initial, "initial")
-    fused = c.start(backend)
+    fused = c.start(backend, out, 1)
     if c.empty:
-        return c.empty_outputs(1)
+        return c.empty_outputs()
     if fused:
         return c.run_fused("forward_trace", c.r(x), c.r(c.done), c.r(decay[0] * decay[1]), c.r_row(initial))
     _, ndone = c.composed_flags()
     prev_open = torch.cat([torch.ones_like(ndone[:, :1]), ndone[:, :-1]], 1)
     beta = c.f(decay[0]) * c.f(decay[1]) * prev_open
-    return c.rows.deliver(scan.scan(c.f(x), beta, c.f_row(initial), False, c.backend))
+    return c.results([scan.scan(c.f(x), beta, c.f_row(initial), False, c.backend)])
 
 
-def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time_dim=-1, backend=None):
+def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time_dim=-1, backend=None, out=None):
     """Accumulating eligibility trace, forward in time, reset after each done.
 
     e[t] = x[t] + gamma*lmbda*(1-done[t-1])*e[t-1], e[-1] = initial (default 0).
     ``x`` may have trailing feature dims after the time dim; ``done`` broadcasts over them.
     """
-    return _forward_trace(x, done, [("gamma", gamma), ("lmbda", lmbda)], initial, time_dim, backend)
+    return _forward_trace(x, done, [("gamma", gamma), ("lmbda", lmbda)], initial, time_dim, backend, out)
 
 
-def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None):
+def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None, out=None):
     """Running sum within episodes, forward in time: c[t] = x[t] + (1-done[t-1])*c[t-1], c[-1] = initial."""
-    return _forward_trace(x, done, [("gamma", 1.0), ("lmbda", 1.0)], initial, time_dim, backend)
+    return _forward_trace(x, done, [("gamma", 1.0), ("lmbda", 1.0)], initial, time_dim, backend, out)

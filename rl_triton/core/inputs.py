@@ -145,22 +145,34 @@ class Rows:
         moved = self.row_shape + (self.T,)
         return y.reshape(moved).movedim(-1, self.tdim)
 
-    def output(self, dtype: torch.dtype | None = None):
-        """An output in the caller's layout and a writable ``[R, T]`` view of it, or None."""
-        dtype = self.dtype if dtype is None else dtype
-        # empty_like keeps the strides of dense inputs and is contiguous otherwise
-        out = torch.empty_like(self.ref, dtype=dtype)
+    def check_out(self, out, name: str) -> torch.Tensor:
+        """A caller-provided output: the reference's full shape, dtype and device."""
+        check_tensor(out, name)
+        self._same_device(out, name)
+        if out.shape != self.shape or out.dtype != self.dtype:
+            raise ValueError(
+                f"{name} must have shape {tuple(self.shape)} and dtype {self.dtype}, "
+                f"got {tuple(out.shape)} {out.dtype}"
+            )
+        return out
+
+    def output(self, out: torch.Tensor | None = None):
+        """An output in the caller's layout (``out`` when given) and a writable ``[R, T]`` view of
+        it, or None when the layout has no such view."""
+        if out is None:
+            # empty_like keeps the strides of dense inputs and is contiguous otherwise
+            out = torch.empty_like(self.ref, dtype=self.dtype)
         try:
             view = out.movedim(self.tdim, -1).view(self.R, self.T)
         except RuntimeError:
             view = None
         return out, view
 
-    def deliver(self, y: torch.Tensor) -> torch.Tensor:
+    def deliver(self, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """A computed ``[R, T]`` tensor in the caller's shape, dtype and (when possible) layout."""
         if y.requires_grad:
             return self.from_rows(y).to(self.dtype)
-        out, view = self.output()
+        out, view = self.output(out)
         if view is not None:
             view.copy_(y)
         else:

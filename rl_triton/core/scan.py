@@ -115,7 +115,7 @@ def scan(alpha, beta, carry, reverse: bool, backend: str):
     return _scan_raw(alpha, beta, carry, reverse, backend)
 
 
-def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend=None):
+def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend=None, out=None):
     """Solve ``y[t] = alpha[t] + beta[t] * y[t+1]`` (``reverse=True``, ``y[T] = initial``) or
     ``y[t] = alpha[t] + beta[t] * y[t-1]`` (``reverse=False``, ``y[-1] = initial``) along ``time_dim``.
 
@@ -135,6 +135,8 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
     rows.value(beta, "beta")
     if initial is not None:
         rows.value(initial, "initial", shape=rows.row_shape)
+    if out is not None:
+        rows.check_out(out, "out")
     backend = resolve_backend(backend, rows.device)
     cd = inputs.compute_dtype(alpha.dtype)
     a = rows.rows(alpha).to(cd)
@@ -142,4 +144,6 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
     c = (rows.per_row(initial).to(cd) if initial is not None
          else torch.zeros(rows.R, dtype=cd, device=rows.device))
     y = scan(a, b, c, reverse, backend)
-    return rows.deliver(y)
+    if out is not None and y.requires_grad:
+        raise ValueError("out= does not support autograd; call without out= to get gradients")
+    return rows.deliver(y, out)
