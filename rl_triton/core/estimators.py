@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import coefficients as C
-from . import cpu, inputs, scan
+from . import cpu, inputs, ops, scan
 from .signatures import DONE_ARRAY, DONE_TERM_OR_TRUNC, NV_EXPLICIT, NV_IMPLIED
 
 _TRUNCATION_HELP = (
@@ -125,6 +125,11 @@ class _Call:
     def run_fused(self, name, *args):
         """Run a fused kernel; the outputs' ``[R, T]`` views are appended to ``args``."""
         rows = self.rows
+        if torch.compiler.is_compiling():
+            tensors, numbers = ops.encode(name, args)
+            results = ops.fused(name, self.backend, self.cd, tensors, numbers, rows.ref, rows.tdim, len(self.out))
+            results = tuple(r if o is None else o.copy_(r) for r, o in zip(results, self.out))
+            return results if len(results) > 1 else results[0]
         # numba writes the compute dtype; Triton stores the caller's dtype itself
         dtype = self.cd if self.backend == "cpu" else rows.dtype
         outs = []

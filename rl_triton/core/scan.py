@@ -85,10 +85,18 @@ def _shift(x, reverse, fill):
     return torch.cat([x[:, 1:], fill], 1) if reverse else torch.cat([fill, x[:, :-1]], 1)
 
 
+def _scan_op(alpha, beta, carry, reverse, backend):
+    if torch.compiler.is_compiling():
+        from . import ops
+
+        return ops.affine_scan_rows(alpha, beta, carry, reverse, backend)
+    return _scan_raw(alpha, beta, carry, reverse, backend)
+
+
 class _AffineScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, alpha, beta, carry, reverse, backend):
-        y = _scan_raw(alpha, beta, carry, reverse, backend)
+        y = _scan_op(alpha, beta, carry, reverse, backend)
         ctx.save_for_backward(beta, carry, y)
         ctx.reverse, ctx.backend = reverse, backend
         return y
@@ -112,7 +120,7 @@ def scan(alpha, beta, carry, reverse: bool, backend: str):
         return alpha.clone()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (alpha, beta, carry)):
         return _AffineScan.apply(alpha, beta, carry, reverse, backend)
-    return _scan_raw(alpha, beta, carry, reverse, backend)
+    return _scan_op(alpha, beta, carry, reverse, backend)
 
 
 def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend=None, out=None):

@@ -83,7 +83,7 @@ def _pack(kind: str, x):
 
 def run(name: str, *args) -> None:
     """Launch algorithm ``name`` on ``[R, T]`` views; the outputs are the last arguments."""
-    build, init, store, reverse = ALGORITHMS[name]
+    build, init, store, reverse, need_prev = ALGORITHMS[name]
     arg_kinds = kinds(name)
     n_out = N_OUT.get(name, 1)
     ref = args[0]
@@ -103,7 +103,7 @@ def run(name: str, *args) -> None:
     acc = tl.float64 if acc64 else tl.float32
     block_r, block_t, n_seg, seg_len, num_warps = plan(R, T, acc64, ref.device)
     grid = (triton.cdiv(R, block_r), n_seg)
-    common = dict(BUILD=build, INIT=init, STORE=store, REVERSE=reverse, ACC=acc, BLOCK_R=block_r,
+    common = dict(BUILD=build, INIT=init, STORE=store, REVERSE=reverse, NEED_PREV=need_prev, ACC=acc, BLOCK_R=block_r,
                   BLOCK_T=block_t, SEG_BLOCK=triton.next_power_of_2(n_seg), num_warps=num_warps)
     guard = torch.cuda.device(ref.device) if ref.device.type == "cuda" else contextlib.nullcontext()
     with guard:

@@ -78,7 +78,7 @@ def gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
 
 
 @triton.jit
-def gae_store(ins, outs, rows, t, mask, y, y_in, first, v, T, ACC: tl.constexpr):
+def gae_store(ins, outs, rows, t, mask, y, y_prev, v, T, ACC: tl.constexpr):
     store(outs[0], rows, t, mask, y)
     store(outs[1], rows, t, mask, y + v)
 
@@ -99,7 +99,7 @@ def td_lambda_init(ins, rows, rmask, T, ACC: tl.constexpr):
 
 
 @triton.jit
-def store_y(ins, outs, rows, t, mask, y, y_in, first, ctx, T, ACC: tl.constexpr):
+def store_y(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
     store(outs[0], rows, t, mask, y)
 
 
@@ -134,17 +134,12 @@ def vtrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
 
 
 @triton.jit
-def vtrace_store(ins, outs, rows, t, mask, y, y_in, first, ctx, T, ACC: tl.constexpr):
+def vtrace_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
     r, v, nv, nterm, ndone, g, rho_pg = ctx
     store(outs[0], rows, t, mask, y + v)
-    # vs[t+1]: stored by this program a lane earlier in scan order (visible after the
-    # barrier), or, for the chunk's first lane, the incoming carry plus values[t+1]
-    tl.debug_barrier()
-    inner = mask & (t + 1 < T)[None, :]
-    vs_mem = load(outs[0], rows, t + 1, inner & ~first[None, :], ACC)
-    vs_edge = y_in[:, None] + load(ins[1], rows, t + 1, inner & first[None, :], ACC)
-    vs_next = tl.where(first[None, :], vs_edge, vs_mem)
-    vs_next = tl.where((ndone == 0) | (t == T - 1)[None, :], nv, vs_next)
+    # vs[t+1] = (vs - v)[t+1] + v[t+1], or V(s_{t+1}) where done or at the window end
+    cut = (ndone == 0) | (t == T - 1)[None, :]
+    vs_next = tl.where(cut, nv, y_prev + load(ins[1], rows, t + 1, mask & ~cut, ACC))
     store(outs[1], rows, t, mask, _vtrace_pg(r, v, vs_next, nterm, g, rho_pg))
 
 
@@ -179,7 +174,7 @@ def retrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
 
 
 @triton.jit
-def retrace_store(ins, outs, rows, t, mask, y, y_in, first, q, T, ACC: tl.constexpr):
+def retrace_store(ins, outs, rows, t, mask, y, y_prev, q, T, ACC: tl.constexpr):
     store(outs[0], rows, t, mask, y + q)
 
 
@@ -203,12 +198,12 @@ def affine_build(ins, rows, t, mask, T, ACC: tl.constexpr):
 
 
 ALGORITHMS = {
-    # name: (BUILD, INIT, STORE, reverse)
-    "gae": (gae_build, zero_init, gae_store, True),
-    "td_lambda": (td_lambda_build, td_lambda_init, store_y, True),
-    "discounted": (discounted_build, carry_init_2, store_y, True),
-    "vtrace": (vtrace_build, zero_init, vtrace_store, True),
-    "retrace": (retrace_build, zero_init, retrace_store, True),
-    "forward_trace": (forward_trace_build, carry_init_3, store_y, False),
-    "affine_scan": (affine_build, carry_init_2, store_y, None),
+    # name: (BUILD, INIT, STORE, reverse (None: an argument), NEED_PREV)
+    "gae": (gae_build, zero_init, gae_store, True, False),
+    "td_lambda": (td_lambda_build, td_lambda_init, store_y, True, False),
+    "discounted": (discounted_build, carry_init_2, store_y, True, False),
+    "vtrace": (vtrace_build, zero_init, vtrace_store, True, True),
+    "retrace": (retrace_build, zero_init, retrace_store, True, False),
+    "forward_trace": (forward_trace_build, carry_init_3, store_y, False, False),
+    "affine_scan": (affine_build, carry_init_2, store_y, None, False),
 }

@@ -6,7 +6,10 @@ and carries the running value between chunks. An algorithm plugs in three jit fu
 
     BUILD(ins, rows, t, mask, T, ACC) -> (alpha, beta, ctx)   coefficients from raw loads
     INIT(ins, rows, rmask, T, ACC)    -> carry [BLOCK_R]       value beyond the window edge
-    STORE(ins, outs, rows, t, mask, y, y_in, first, ctx, T, ACC)   the epilogue
+    STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)   the epilogue
+
+``y_prev`` is y one step earlier in scan order (at t+1 for reverse scans); the engine computes
+it only for algorithms that ask (``NEED_PREV``), through an exclusive part carried in the scan.
 
 ``ins``/``outs`` hold ``(tensor, row_stride, time_stride)`` views, ``(None, number)`` constants,
 plain numbers, or None for absent inputs (compile-time specialised).
@@ -24,6 +27,12 @@ import triton.language as tl
 def combine(a1, b1, a2, b2):
     # (a1, b1) is the part already folded in scan order: y = a2 + b2 * (a1 + b1 * y_in)
     return a2 + b2 * a1, b1 * b2
+
+
+@triton.jit
+def combine_with_prev(a1, b1, pa1, pb1, a2, b2, pa2, pb2):
+    # also carries the exclusive map: the fold of everything but the segment's last element
+    return a2 + b2 * a1, b1 * b2, pa2 + pb2 * a1, b1 * pb2
 
 
 @triton.jit
@@ -80,7 +89,7 @@ def _last(x, lanes, BLOCK_T: tl.constexpr):
 @triton.jit
 def scan_kernel(ins, outs, ws, R, T, seg_len, n_seg,
                 BUILD: tl.constexpr, INIT: tl.constexpr, STORE: tl.constexpr,
-                REVERSE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
+                REVERSE: tl.constexpr, NEED_PREV: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, SEG_BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
@@ -114,7 +123,10 @@ def scan_kernel(ins, outs, ws, R, T, seg_len, n_seg,
         alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
         alpha = tl.where(mask, alpha, 0.0)
         beta = tl.where(mask, beta, 1.0)
-        A, B = tl.associative_scan((alpha, beta), 1, combine)
+        if NEED_PREV and PHASE != 1:
+            A, B, PA, PB = tl.associative_scan((alpha, beta, alpha * 0.0, beta * 0.0 + 1.0), 1, combine_with_prev)
+        else:
+            A, B = tl.associative_scan((alpha, beta), 1, combine)
         if PHASE == 1:
             a_last = _last(A, lanes, BLOCK_T)
             b_last = _last(B, lanes, BLOCK_T)
@@ -122,7 +134,11 @@ def scan_kernel(ins, outs, ws, R, T, seg_len, n_seg,
             cb = b_last * cb
         else:
             y = A + B * ca[:, None]
-            STORE(ins, outs, rows, t, mask, y, ca, lanes == 0, ctx, T, ACC)
+            if NEED_PREV:
+                y_prev = PA + PB * ca[:, None]
+            else:
+                y_prev = y
+            STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
             ca = _last(y, lanes, BLOCK_T)
 
     if PHASE == 1:
