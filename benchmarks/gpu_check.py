@@ -74,11 +74,17 @@ def make_inputs(algo, R, T, dtype, seed):
     return d
 
 
+def hyper(x, dtype):
+    """A float hyperparameter as the kernels apply it: float32 unless the inputs are float64
+    (as PyTorch applies Python scalars to float32 tensors)."""
+    return x if dtype == torch.float64 else float(np.float32(x))
+
+
 def expected(case, seed):
     """The oracle's outputs for one case (runs in a worker process)."""
     algo, R, T, _, dtype = case
     d = make_inputs(algo, R, T, dtype, seed)
-    g, l = np.full((R, T), GAMMA), np.full((R, T), LMBDA)
+    g, l = np.full((R, T), hyper(GAMMA, dtype)), np.full((R, T), hyper(LMBDA, dtype))
     term, trunc = d["term"], d["trunc"]
     done = term | trunc
     if algo == "gae":
@@ -97,7 +103,7 @@ def expected(case, seed):
         return (oracle.retrace(d["r"], d["v"], d["lp"], d["lm"], term, done, g, l, 1.0,
                                next_pi=d["pi"], next_q=d["nq"]),)
     if algo == "eligibility":
-        return (oracle.eligibility_trace(d["r"], done, g, np.full((R, T), 0.9), initial=d["boot"]),)
+        return (oracle.eligibility_trace(d["r"], done, g, np.full((R, T), hyper(0.9, dtype)), initial=d["boot"]),)
     if algo == "cumsum":
         return (oracle.episodic_cumsum(d["r"], term, initial=d["boot"]),)
     return (oracle.affine_scan(d["r"], d["beta"], reverse=algo == "scan_reverse", initial=d["boot"]),)
@@ -165,9 +171,9 @@ def check_compile_and_graphs(device):
     torch.manual_seed(0)
     r, v = torch.randn(4096, 128, device=device), torch.randn(4096, 128, device=device)
     d = torch.rand(4096, 128, device=device) < 0.02
+    g, l = np.full(r.shape, hyper(GAMMA, r.dtype)), np.full(r.shape, hyper(LMBDA, r.dtype))
     ref = oracle.gae(r.double().cpu().numpy(), v.double().cpu().numpy(),
-                     oracle.implied_next_values(v.double().cpu().numpy()), d.cpu().numpy(), d.cpu().numpy(),
-                     np.full(r.shape, GAMMA), np.full(r.shape, LMBDA))[0]
+                     oracle.implied_next_values(v.double().cpu().numpy()), d.cpu().numpy(), d.cpu().numpy(), g, l)[0]
 
     def f(r, v, d):
         return rt.gae(r, v, done=d, gamma=GAMMA, lmbda=LMBDA)[0]
@@ -185,7 +191,7 @@ def check_compile_and_graphs(device):
         torch.cuda.synchronize()
         ref2 = oracle.gae(r2.double().cpu().numpy(), v.double().cpu().numpy(),
                           oracle.implied_next_values(v.double().cpu().numpy()), d.cpu().numpy(),
-                          d.cpu().numpy(), np.full(r.shape, GAMMA), np.full(r.shape, LMBDA))[0]
+                          d.cpu().numpy(), g, l)[0]
         lines.append(("CUDA-graph capture + replay of gae (new inputs)", rel_err(static.double().cpu().numpy(), ref2)))
     return lines
 

@@ -7,6 +7,8 @@ signature per float dtype and compiles once (lazily, cached on disk).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -32,22 +34,19 @@ if AVAILABLE:
     _c_vtrace_pg = _inline(C.vtrace_pg)
     _c_retrace = _inline(C.retrace)
 
+    # helpers take scalars: passing arrays into a call in the loop costs reference counting
+
     @_inline
-    def _flags(term, done, trunc, done_mode, i, t):
-        k = term[i, t] != 0
-        if done_mode == DONE_ARRAY:
-            d = done[i, t] != 0
-        else:
-            d = k or trunc[i, t] != 0
+    def _flags(term, done, trunc, done_mode):
+        k = term != 0
+        d = (done != 0) if done_mode == DONE_ARRAY else (k or trunc != 0)
         return (0.0 if k else 1.0), (0.0 if d else 1.0)
 
     @_inline
-    def _next_value(nv, v, boot, nv_mode, i, t, T):
+    def _next_value(nv, v_next, boot, nv_mode, last):
         if nv_mode == NV_EXPLICIT:
-            return nv[i, t]
-        if t + 1 < T:
-            return v[i, t + 1]
-        return boot[i]
+            return nv
+        return boot if last else v_next
 
 
 def _gae(r, v, nv, boot, term, done, trunc, g, l, nv_mode, done_mode, adv, tgt):
@@ -55,8 +54,8 @@ def _gae(r, v, nv, boot, term, done, trunc, g, l, nv_mode, done_mode, adv, tgt):
     for i in prange(R):
         acc = 0.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term, done, trunc, done_mode, i, t)
-            nvt = _next_value(nv, v, boot, nv_mode, i, t, T)
+            nterm, ndone = _flags(term[i, t], done[i, t], trunc[i, t], done_mode)
+            nvt = _next_value(nv[i, t], v[i, min(t + 1, T - 1)], boot[i], nv_mode, t == T - 1)
             a, b = _c_gae(r[i, t], v[i, t], nvt, nterm, ndone, g[i, t], l[i, t])
             acc = a + b * acc
             adv[i, t] = acc
@@ -68,7 +67,7 @@ def _td_lambda(r, nv, term, done, trunc, g, l, done_mode, out):
     for i in prange(R):
         acc = nv[i, T - 1] * 1.0 if T > 0 else 0.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term, done, trunc, done_mode, i, t)
+            nterm, ndone = _flags(term[i, t], done[i, t], trunc[i, t], done_mode)
             a, b = _c_td_lambda(r[i, t], nv[i, t], nterm, ndone, g[i, t], l[i, t])
             acc = a + b * acc
             out[i, t] = acc
@@ -79,7 +78,7 @@ def _discounted(r, nv, carry, term, done, trunc, g, done_mode, out):
     for i in prange(R):
         acc = carry[i] * 1.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term, done, trunc, done_mode, i, t)
+            nterm, ndone = _flags(term[i, t], done[i, t], trunc[i, t], done_mode)
             a, b = _c_discounted(r[i, t], nv[i, t], nterm, ndone, g[i, t])
             acc = a + b * acc
             out[i, t] = acc
@@ -92,8 +91,8 @@ def _vtrace(r, v, nv, boot, lp, lm, term, done, trunc, g, l, rho_bar, c_bar, rho
         acc = 0.0
         vs_next = 0.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term, done, trunc, done_mode, i, t)
-            nvt = _next_value(nv, v, boot, nv_mode, i, t, T)
+            nterm, ndone = _flags(term[i, t], done[i, t], trunc[i, t], done_mode)
+            nvt = _next_value(nv[i, t], v[i, min(t + 1, T - 1)], boot[i], nv_mode, t == T - 1)
             ratio = np.exp(lp[i, t] * 1.0 - lm[i, t])
             rho = min(rho_bar, ratio)
             c = l[i, t] * min(c_bar, ratio)
@@ -113,7 +112,7 @@ def _retrace(r, q, lp, lm, ev, pi, nq, term, done, trunc, g, l, c_bar, ev_mode, 
         acc = 0.0
         c_next = 0.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term, done, trunc, done_mode, i, t)
+            nterm, ndone = _flags(term[i, t], done[i, t], trunc[i, t], done_mode)
             if ev_mode == 0:
                 evt = ev[i, t] * 1.0
             else:
@@ -126,8 +125,8 @@ def _retrace(r, q, lp, lm, ev, pi, nq, term, done, trunc, g, l, c_bar, ev_mode, 
             c_next = l[i, t] * min(c_bar, np.exp(lp[i, t] * 1.0 - lm[i, t]))
 
 
-def _forward_trace(x, done, decay, initial, out):
-    """e[t] = x[t] + decay[t]*(1-done[t-1])*e[t-1], e[-1] = initial."""
+def _forward_trace(x, done, g, l, initial, out):
+    """e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1], e[-1] = initial."""
     R, T = x.shape
     for i in prange(R):
         acc = initial[i] * 1.0
@@ -136,7 +135,7 @@ def _forward_trace(x, done, decay, initial, out):
             if cut:
                 acc = x[i, t] * 1.0
             else:
-                acc = x[i, t] + decay[i, t] * acc
+                acc = x[i, t] + g[i, t] * l[i, t] * acc
             out[i, t] = acc
             cut = done[i, t] != 0
 
@@ -154,17 +153,21 @@ def _affine_scan(alpha, beta, carry, reverse, out):
 _compiled: dict = {}
 
 
-def _kernel(name: str, dtype: np.dtype):
-    key = (name, dtype)
+PARALLEL_MIN_ELEMENTS = 1 << 17  # below this, starting the thread pool costs more than it saves
+
+
+def _kernel(name: str, dtype: np.dtype, parallel: bool):
+    key = (name, dtype, parallel)
     if key not in _compiled:
         ft = nb.from_dtype(dtype)
         types = {
-            "f1": nb.types.Array(ft, 1, "A"), "f2": nb.types.Array(ft, 2, "A"),
-            "f3": nb.types.Array(ft, 3, "A"), "u2": nb.types.Array(nb.types.uint8, 2, "A"),
+            "f1": nb.types.Array(ft, 1, "A", readonly=True), "f2": nb.types.Array(ft, 2, "A", readonly=True),
+            "f3": nb.types.Array(ft, 3, "A", readonly=True),
+            "u2": nb.types.Array(nb.types.uint8, 2, "A", readonly=True), "o2": nb.types.Array(ft, 2, "A"),
             "s": nb.types.float64, "i": nb.types.int64, "b": nb.types.boolean,
         }
-        sig = nb.types.void(*(types[k] for k in kinds(name)))
-        _compiled[key] = nb.njit(sig, parallel=True, cache=True, nogil=True)(KERNELS[name])
+        sig = nb.types.void(*(types[k] for k in kinds(name, outputs="o2")))
+        _compiled[key] = nb.njit(sig, parallel=parallel, cache=True, nogil=True)(KERNELS[name])
     return _compiled[key]
 
 
@@ -172,6 +175,15 @@ KERNELS = {
     "gae": _gae, "td_lambda": _td_lambda, "discounted": _discounted, "vtrace": _vtrace,
     "retrace": _retrace, "forward_trace": _forward_trace, "affine_scan": _affine_scan,
 }
+
+
+_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
+
+
+@functools.lru_cache(maxsize=64)
+def _constant(value: float, np_dtype, shape: tuple):
+    """A read-only stride-0 array standing for an absent or constant input."""
+    return np.broadcast_to(np.array(value, dtype=np_dtype), shape)
 
 
 def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
@@ -183,14 +195,14 @@ def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
         return x
     if kind == "u2":
         if x is None:
-            return torch.zeros((), dtype=torch.uint8).expand(rows, steps).numpy()
+            return _constant(0, np.uint8, (rows, steps))
         x = x.detach()
         if x.dtype in (torch.bool, torch.int8):
             return x.view(torch.uint8).numpy()
         return (x if x.dtype == torch.uint8 else (x != 0).view(torch.uint8)).numpy()
     if not isinstance(x, torch.Tensor):
         shape = {"f1": (rows,), "f2": (rows, steps), "f3": (rows, steps, 1)}[kind]
-        return torch.tensor(0.0 if x is None else float(x), dtype=dtype).expand(shape).numpy()
+        return _constant(0.0 if x is None else float(x), _NUMPY_DTYPES[dtype], shape)
     return x.detach().to(dtype).numpy()
 
 
@@ -198,4 +210,5 @@ def run(name: str, dtype: torch.dtype, *args) -> None:
     """Run kernel ``name`` (arguments: ``signatures.KINDS``); floats are computed in ``dtype``."""
     rows, steps = args[0].shape[:2]
     converted = [_adapt(k, a, rows, steps, dtype) for k, a in zip(kinds(name), args)]
-    _kernel(name, torch.empty(0, dtype=dtype).numpy().dtype)(*converted)
+    parallel = rows > 1 and rows * steps >= PARALLEL_MIN_ELEMENTS
+    _kernel(name, _NUMPY_DTYPES[dtype], parallel)(*converted)

@@ -355,7 +355,7 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
 
 
 def _forward_trace(x, done, decay, initial, time_dim, backend, out):
-    """e[t] = x[t] + decay[t]*(1-done[t-1])*e[t-1], e[-1] = initial (done[-1] = 0)."""
+    """e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1], e[-1] = initial (done[-1] = 0); decay = [g, l]."""
     c = _Call(x, "x", time_dim)
     c.flags(None, None, done, align=True)
     decay = [c.coefficient(d, name) for name, d in decay]
@@ -364,7 +364,7 @@ def _forward_trace(x, done, decay, initial, time_dim, backend, out):
     if c.empty:
         return c.empty_outputs()
     if fused:
-        return c.run_fused("forward_trace", c.r(x), c.r(c.done), c.r(decay[0] * decay[1]), c.r_row(initial))
+        return c.run_fused("forward_trace", c.r(x), c.r(c.done), c.r(decay[0]), c.r(decay[1]), c.r_row(initial))
     _, ndone = c.composed_flags()
     prev_open = torch.cat([torch.ones_like(ndone[:, :1]), ndone[:, :-1]], 1)
     beta = c.f(decay[0]) * c.f(decay[1]) * prev_open

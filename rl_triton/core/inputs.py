@@ -119,16 +119,19 @@ class Rows:
 
     @staticmethod
     def check_broadcast(x: torch.Tensor, name: str, shape):
-        try:
-            ok = torch.broadcast_shapes(x.shape, shape) == torch.Size(shape)
-        except RuntimeError:
-            ok = False
+        have, want = tuple(x.shape), tuple(shape)
+        if have == want:
+            return
+        n = len(have)
+        ok = n <= len(want) and all(h in (1, w) for h, w in zip(have, want[len(want) - n:]))
         if not ok:
             raise ValueError(f"{name} has shape {tuple(x.shape)}, which does not broadcast to {tuple(shape)}")
 
     # -- views -------------------------------------------------------------------------------
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """``[R, T]`` view (a copy only when the batch dims cannot be merged)."""
+        if x.ndim == 2 and x.shape == self.shape:  # the common layouts, without view overhead
+            return x if self.tdim == 1 else x.t()
         return x.expand(self.shape).movedim(self.tdim, -1).reshape(self.R, self.T)
 
     def rows_3d(self, x: torch.Tensor) -> torch.Tensor:
@@ -161,7 +164,9 @@ class Rows:
         it, or None when the layout has no such view."""
         if out is None:
             # empty_like keeps the strides of dense inputs and is contiguous otherwise
-            out = torch.empty_like(self.ref, dtype=self.dtype)
+            out = torch.empty_like(self.ref)
+        if out.ndim == 2 and out.shape == self.shape:
+            return out, self.rows(out)
         try:
             view = out.movedim(self.tdim, -1).view(self.R, self.T)
         except RuntimeError:

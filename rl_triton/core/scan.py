@@ -29,10 +29,20 @@ def triton_usable(device: torch.device) -> bool:
     return device.type == "cpu" and kernels.INTERPRET
 
 
+_resolved: dict = {}
+
+
 def resolve_backend(backend, device: torch.device) -> str:
     """Pick the backend for tensors on ``device``; ``None`` reads ``RL_TRITON_BACKEND``."""
     if backend is None:
         backend = os.environ.get("RL_TRITON_BACKEND", "auto") or "auto"
+    key = (backend, device.type)
+    if key not in _resolved:
+        _resolved[key] = _resolve(backend, device)
+    return _resolved[key]
+
+
+def _resolve(backend, device: torch.device) -> str:
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     name = backend.strip().lower()

@@ -12,7 +12,7 @@ KINDS = {
     "discounted": "f2 f2 f1 u2 u2 u2 f2 i",
     "vtrace": "f2 f2 f2 f1 f2 f2 u2 u2 u2 f2 f2 s s s i i",
     "retrace": "f2 f2 f2 f2 f2 f3 f3 u2 u2 u2 f2 f2 s i i",
-    "forward_trace": "f2 u2 f2 f1",
+    "forward_trace": "f2 u2 f2 f2 f1",
     "affine_scan": "f2 f2 f1 b",
 }
 N_OUT = {"gae": 2, "vtrace": 2}
@@ -23,6 +23,6 @@ NV_EXPLICIT, NV_IMPLIED = 0, 1
 DONE_ARRAY, DONE_TERM_OR_TRUNC = 0, 1
 
 
-def kinds(name: str) -> list[str]:
-    """Kinds of all arguments of kernel ``name``, outputs included."""
-    return KINDS[name].split() + ["f2"] * N_OUT.get(name, 1)
+def kinds(name: str, outputs: str = "f2") -> list[str]:
+    """Kinds of all arguments of kernel ``name``, the outputs (of kind ``outputs``) last."""
+    return KINDS[name].split() + [outputs] * N_OUT.get(name, 1)

@@ -5,7 +5,8 @@ The launch plan is a small function of (rows, T, dtype):
 
 - ``BLOCK_T`` = next power of two of T, at most 1024 steps (512 in float64): rows up to that
   length are one chunk, longer rows are walked in chunks with the carry in registers;
-- ``BLOCK_R`` fills a tile of ~2048 elements, so many short rows share one program;
+- ``BLOCK_R`` fills a tile of ~512 elements, so many short rows share one program, with one
+  warp per 128 elements (measured best on the H200 for balanced shapes, docs/benchmarks.md);
 - when the row programs alone cannot fill the GPU (fewer than 2 per multiprocessor) and rows
   span at least 4 chunks, the time axis is split into segments: one pass reduces each segment
   to an affine map, a second folds the maps into carries and scans (reduce-then-scan).
@@ -33,7 +34,7 @@ try:
 except ImportError:  # CPU-only installs without triton still work on the other backends
     AVAILABLE = False
 
-TILE = 2048
+TILE = 512
 MAX_SEGMENTS = 1024
 _forced: dict = {}
 
@@ -56,18 +57,21 @@ def _multiprocessors(device: torch.device) -> int:
 
 
 def plan(R: int, T: int, float64: bool, device: torch.device):
-    """(BLOCK_R, BLOCK_T, n_seg, seg_len, num_warps) for R rows of T steps."""
+    """(BLOCK_R, BLOCK_T, n_seg, chunks per segment, num_warps, SEG_BLOCK) for R rows of T steps."""
     block_t = _forced.get("block_t") or min(triton.next_power_of_2(max(T, 1)), 512 if float64 else 1024)
     block_r = _forced.get("block_r") or min(triton.next_power_of_2(max(R, 1)), max(1, TILE // block_t))
+    num_warps = _forced.get("num_warps") or max(1, min(8, block_r * block_t // 128))
+    # the scan lowering needs a tile of at least one element per thread
+    block_t = max(block_t, 32 * num_warps // block_r)
     row_programs = triton.cdiv(R, block_r)
     target = 2 * _multiprocessors(device)
     n_seg = _forced.get("n_seg") or 1
     if "n_seg" not in _forced and row_programs < target and T >= 4 * block_t:
         n_seg = min(triton.cdiv(target, row_programs), triton.cdiv(T, block_t), MAX_SEGMENTS)
-    seg_len = triton.cdiv(triton.cdiv(T, n_seg), block_t) * block_t
-    n_seg = triton.cdiv(T, seg_len)
-    num_warps = max(1, min(8, block_r * block_t // 256))
-    return block_r, block_t, n_seg, seg_len, num_warps
+    seg_chunks = triton.cdiv(triton.cdiv(T, block_t), n_seg)
+    n_seg = triton.cdiv(triton.cdiv(T, block_t), seg_chunks)
+    seg_block = max(triton.next_power_of_2(n_seg), 32 * num_warps // block_r)
+    return block_r, block_t, n_seg, seg_chunks, num_warps, seg_block
 
 
 def _pack(kind: str, x):
@@ -76,8 +80,8 @@ def _pack(kind: str, x):
         return (x, *x.stride())
     if kind == "f2" and x is not None:
         return (None, float(x))
-    if kind == "i":
-        return None  # modes are implied by which inputs are None
+    if kind in ("i", "b"):
+        return None  # modes are implied by which inputs are None; direction is a constexpr
     return x
 
 
@@ -101,18 +105,18 @@ def run(name: str, *args) -> None:
     if reverse is None:
         reverse = bool(args[3])
     acc = tl.float64 if acc64 else tl.float32
-    block_r, block_t, n_seg, seg_len, num_warps = plan(R, T, acc64, ref.device)
+    block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, ref.device)
     grid = (triton.cdiv(R, block_r), n_seg)
     common = dict(BUILD=build, INIT=init, STORE=store, REVERSE=reverse, NEED_PREV=need_prev, ACC=acc, BLOCK_R=block_r,
-                  BLOCK_T=block_t, SEG_BLOCK=triton.next_power_of_2(n_seg), num_warps=num_warps)
+                  BLOCK_T=block_t, SEG_BLOCK=seg_block, num_warps=num_warps)
     guard = torch.cuda.device(ref.device) if ref.device.type == "cuda" else contextlib.nullcontext()
     with guard:
         if n_seg > 1:
             ws = torch.empty(R * n_seg * 2, dtype=torch.float64 if acc64 else torch.float32, device=ref.device)
-            scan_kernel[grid](ins, outs, ws, R, T, seg_len, n_seg, PHASE=1, **common)
-            scan_kernel[grid](ins, outs, ws, R, T, seg_len, n_seg, PHASE=2, **common)
+            scan_kernel[grid](ins, outs, ws, R, T, seg_chunks, n_seg, PHASE=1, **common)
+            scan_kernel[grid](ins, outs, ws, R, T, seg_chunks, n_seg, PHASE=2, **common)
         else:
-            scan_kernel[grid](ins, outs, ref, R, T, seg_len, n_seg, PHASE=0, **common)
+            scan_kernel[grid](ins, outs, ref, R, T, seg_chunks, n_seg, PHASE=0, **common)
 
 
 def affine_scan(alpha, beta, carry, reverse: bool):

@@ -178,17 +178,18 @@ def retrace_store(ins, outs, rows, t, mask, y, y_prev, q, T, ACC: tl.constexpr):
     store(outs[0], rows, t, mask, y + q)
 
 
-# -- forward traces: x, done, decay, initial | y; e[t] = x[t] + decay[t]*(1-done[t-1])*e[t-1]
+# -- forward traces: x, done, g, l, initial | y; e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1]
 @triton.jit
 def forward_trace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     prev_done = load_flag(ins[1], rows, t - 1, mask & (t >= 1)[None, :])
-    beta = coef(ins[2], rows, t, mask, ACC) * _not(prev_done, ACC)
+    decay = coef(ins[2], rows, t, mask, ACC) * coef(ins[3], rows, t, mask, ACC)
+    beta = decay * _not(prev_done, ACC)
     return load(ins[0], rows, t, mask, ACC), beta, 0
 
 
 @triton.jit
-def carry_init_3(ins, rows, rmask, T, ACC: tl.constexpr):
-    return load_row(ins[3], rows, rmask, ACC)
+def carry_init_4(ins, rows, rmask, T, ACC: tl.constexpr):
+    return load_row(ins[4], rows, rmask, ACC)
 
 
 # -- affine scan: alpha, beta, carry | y -----------------------------------------------------
@@ -204,6 +205,6 @@ ALGORITHMS = {
     "discounted": (discounted_build, carry_init_2, store_y, True, False),
     "vtrace": (vtrace_build, zero_init, vtrace_store, True, True),
     "retrace": (retrace_build, zero_init, retrace_store, True, False),
-    "forward_trace": (forward_trace_build, carry_init_3, store_y, False, False),
+    "forward_trace": (forward_trace_build, carry_init_4, store_y, False, False),
     "affine_scan": (affine_build, carry_init_2, store_y, None, False),
 }

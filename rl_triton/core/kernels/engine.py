@@ -1,8 +1,8 @@
 """The one scan engine: tiling, carries, scan direction, time splitting. It knows no RL.
 
 A program owns ``BLOCK_R`` rows and one segment of the time axis, walks it in chunks of
-``BLOCK_T`` steps in scan order (descending time for reverse scans, by reversed-index loads)
-and carries the running value between chunks. An algorithm plugs in three jit functions:
+``BLOCK_T`` steps in scan order (descending time for reverse scans: chunks are loaded in natural
+order and scanned with ``reverse=True``) and carries the running value between chunks. An algorithm plugs in three jit functions:
 
     BUILD(ins, rows, t, mask, T, ACC) -> (alpha, beta, ctx)   coefficients from raw loads
     INIT(ins, rows, rmask, T, ACC)    -> carry [BLOCK_R]       value beyond the window edge
@@ -82,21 +82,29 @@ def store(x, rows, t, mask, value):
 
 
 @triton.jit
-def _last(x, lanes, BLOCK_T: tl.constexpr):
-    return tl.sum(tl.where(lanes[None, :] == BLOCK_T - 1, x, 0.0), axis=1)
+def _pick(x, lanes, lane: tl.constexpr):
+    return tl.sum(tl.where(lanes[None, :] == lane, x, 0.0), axis=1)
 
 
 @triton.jit
-def scan_kernel(ins, outs, ws, R, T, seg_len, n_seg,
+def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
                 BUILD: tl.constexpr, INIT: tl.constexpr, STORE: tl.constexpr,
                 REVERSE: tl.constexpr, NEED_PREV: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, SEG_BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
-    seg = tl.program_id(1)
+    seg = tl.program_id(1)  # segment index in scan order
     lanes = tl.arange(0, BLOCK_T)
-    lo = seg * seg_len
-    hi = tl.minimum(lo + seg_len, T)
+    # chunks are aligned to BLOCK_T from t = 0 (vector loads); the scan runs across lanes
+    # (reverse=True for descending time) and ends at lane END of each chunk
+    END: tl.constexpr = 0 if REVERSE else BLOCK_T - 1
+    n_chunks = tl.cdiv(T, BLOCK_T)
+    if REVERSE:
+        c_hi = n_chunks - seg * seg_chunks
+        c_lo = tl.maximum(c_hi - seg_chunks, 0)
+    else:
+        c_lo = seg * seg_chunks
+        c_hi = tl.minimum(c_lo + seg_chunks, n_chunks)
 
     if PHASE == 1:
         ca = tl.zeros((BLOCK_R,), ACC)
@@ -108,30 +116,31 @@ def scan_kernel(ins, outs, ws, R, T, seg_len, n_seg,
             j = tl.arange(0, SEG_BLOCK)
             m = rmask[:, None] & (j[None, :] < seg)
             w = (rows[:, None].to(tl.int64) * n_seg + j[None, :]) * 2
-            A = tl.load(ws + w, mask=m, other=0.0)
-            B = tl.load(ws + w + 1, mask=m, other=1.0)
-            A, B = tl.associative_scan((A, B), 1, combine)
-            ca = _last(A, j, SEG_BLOCK) + _last(B, j, SEG_BLOCK) * ca
+            seg_a = tl.load(ws + w, mask=m, other=0.0)
+            seg_b = tl.load(ws + w + 1, mask=m, other=1.0)
+            seg_a, seg_b = tl.associative_scan((seg_a, seg_b), 1, combine)
+            ca = _pick(seg_a, j, SEG_BLOCK - 1) + _pick(seg_b, j, SEG_BLOCK - 1) * ca
 
-    for k in range(tl.cdiv(hi - lo, BLOCK_T)):
-        s = lo + k * BLOCK_T + lanes
+    for k in range(c_hi - c_lo):
         if REVERSE:
-            t = T - 1 - s
+            c = c_hi - 1 - k
         else:
-            t = s
-        mask = rmask[:, None] & (s < hi)[None, :]
+            c = c_lo + k
+        t = c * BLOCK_T + lanes
+        mask = rmask[:, None] & (t < T)[None, :]
         alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
         alpha = tl.where(mask, alpha, 0.0)
         beta = tl.where(mask, beta, 1.0)
         if NEED_PREV and PHASE != 1:
-            A, B, PA, PB = tl.associative_scan((alpha, beta, alpha * 0.0, beta * 0.0 + 1.0), 1, combine_with_prev)
+            A, B, PA, PB = tl.associative_scan((alpha, beta, alpha * 0.0, beta * 0.0 + 1.0), 1,
+                                               combine_with_prev, reverse=REVERSE)
         else:
-            A, B = tl.associative_scan((alpha, beta), 1, combine)
+            A, B = tl.associative_scan((alpha, beta), 1, combine, reverse=REVERSE)
         if PHASE == 1:
-            a_last = _last(A, lanes, BLOCK_T)
-            b_last = _last(B, lanes, BLOCK_T)
-            ca = a_last + b_last * ca
-            cb = b_last * cb
+            a_end = _pick(A, lanes, END)
+            b_end = _pick(B, lanes, END)
+            ca = a_end + b_end * ca
+            cb = b_end * cb
         else:
             y = A + B * ca[:, None]
             if NEED_PREV:
@@ -139,7 +148,7 @@ def scan_kernel(ins, outs, ws, R, T, seg_len, n_seg,
             else:
                 y_prev = y
             STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
-            ca = _last(y, lanes, BLOCK_T)
+            ca = _pick(y, lanes, END)
 
     if PHASE == 1:
         w = (rows.to(tl.int64) * n_seg + seg) * 2

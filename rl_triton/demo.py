@@ -1,0 +1,412 @@
+"""``python -m rl_triton``: run every estimator on a realistic rollout, check it, time it.
+
+For each rollout shape the demo runs the seven estimators and ``affine_scan`` on
+``backend="auto"`` (Triton on CUDA, the numba loop on CPU when numba is installed, else the
+plain torch loop), checks each result against ``backend="torch"`` (the plain loop over time),
+times both (median of several repeats) and prints one table. On CPU it also times GAE against
+a numpy re-implementation of Stable-Baselines3's ``RolloutBuffer.compute_returns_and_advantage``
+loop, fed with SB3's observation-aligned ``episode_starts`` flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+import rl_triton as rt
+
+GAMMA = 0.99
+LMBDA = 0.95
+DONE_PROB = 1.0 / 200.0  # an episode ends about every 200 steps
+TERMINATED_SHARE = 0.7  # the other 30% of episode ends are time-limit truncations
+
+
+# --------------------------------------------------------------------------------------
+# rollout
+
+
+@dataclass
+class Shape:
+    dims: Tuple[int, int]
+    time_dim: int  # 0: time-major [T, N] (SB3 buffers); -1: batch-major [N, T]
+
+    @property
+    def label(self) -> str:
+        a, b = self.dims
+        return f"{a}x{b} " + ("(T,N)" if self.time_dim == 0 else "(N,T)")
+
+    @property
+    def num_envs(self) -> int:
+        return self.dims[1] if self.time_dim == 0 else self.dims[0]
+
+    @property
+    def num_steps(self) -> int:
+        return self.dims[0] if self.time_dim == 0 else self.dims[1]
+
+
+class Rollout:
+    """Synthetic rollout with the statistics of a real one: ~1 episode end per 200 steps,
+    a mix of terminations and truncations, distinct final-observation values at truncations."""
+
+    def __init__(self, shape: Shape, device: torch.device, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        dims, td = shape.dims, shape.time_dim
+        self.shape, self.time_dim = shape, td
+
+        def randn(*extra: int) -> torch.Tensor:
+            return torch.randn(*dims, *extra, generator=g)
+
+        def rand() -> torch.Tensor:
+            return torch.rand(*dims, generator=g)
+
+        rewards = randn()
+        values = randn()
+        done = rand() < DONE_PROB
+        terminated = done & (rand() < TERMINATED_SHARE)
+        truncated = done & ~terminated
+        # next_values[t] = V(s_{t+1}): values[t+1] inside an episode, V(s_T) at the window end,
+        # V(final observation) after a truncation (where the env reset replaced s_{t+1}).
+        bootstrap = torch.randn(shape.num_envs, generator=g)
+        nv = torch.cat([values.narrow(td, 1, dims[td] - 1), bootstrap.unsqueeze(td)], dim=td)
+        nv = torch.where(truncated, randn(), nv)
+        log_mu = -2.0 * rand() - 0.05
+        log_pi = log_mu + 0.3 * randn()
+
+        to = dict(device=device)
+        self.rewards = rewards.to(**to)
+        self.values = values.to(**to)
+        self.next_values = nv.to(**to)
+        self.done = done.to(**to)
+        self.terminated = terminated.to(**to)
+        self.truncated = truncated.to(**to)
+        self.log_pi = log_pi.to(**to)
+        self.log_mu = log_mu.to(**to)
+        self.q_values = randn().to(**to)
+        self.next_expected_q = randn().to(**to)
+        self.x = randn().to(**to)
+        self.beta = (GAMMA * (~done).float()).to(**to)
+
+
+def estimator_calls(r: Rollout) -> List[Tuple[str, Callable[[str], object]]]:
+    """(name, fn(backend) -> output) for the seven estimators and affine_scan."""
+    td = r.time_dim
+    flags = dict(terminated=r.terminated, truncated=r.truncated)
+    return [
+        ("gae", lambda b: rt.gae(
+            r.rewards, r.values, next_values=r.next_values, **flags,
+            gamma=GAMMA, lmbda=LMBDA, time_dim=td, backend=b)),
+        ("td_lambda_return", lambda b: rt.td_lambda_return(
+            r.rewards, r.next_values, **flags, gamma=GAMMA, lmbda=LMBDA, time_dim=td, backend=b)),
+        ("discounted_return", lambda b: rt.discounted_return(
+            r.rewards, next_values=r.next_values, **flags, gamma=GAMMA, time_dim=td, backend=b)),
+        ("vtrace", lambda b: rt.vtrace(
+            r.rewards, r.values, r.log_pi, r.log_mu, next_values=r.next_values, **flags,
+            gamma=GAMMA, time_dim=td, backend=b)),
+        ("retrace", lambda b: rt.retrace(
+            r.rewards, r.q_values, r.log_pi, r.log_mu, next_expected_q=r.next_expected_q,
+            **flags, gamma=GAMMA, lmbda=LMBDA, time_dim=td, backend=b)),
+        ("eligibility_trace", lambda b: rt.eligibility_trace(
+            r.x, done=r.done, gamma=GAMMA, lmbda=LMBDA, time_dim=td, backend=b)),
+        ("episodic_cumsum", lambda b: rt.episodic_cumsum(
+            r.rewards, done=r.done, time_dim=td, backend=b)),
+        ("affine_scan", lambda b: rt.affine_scan(
+            r.rewards, r.beta, reverse=True, time_dim=td, backend=b)),
+    ]
+
+
+# --------------------------------------------------------------------------------------
+# Stable-Baselines3 reference (CPU, numpy, time-major [T, N])
+
+
+def sb3_gae_numpy(rewards, values, episode_starts, last_values, dones, gamma, gae_lambda):
+    """The loop of SB3's RolloutBuffer.compute_returns_and_advantage, in numpy.
+
+    episode_starts[t] = 1 where observation t starts an episode; dones = whether the last
+    step of the window ended an episode; last_values = V(s_T)."""
+    buffer_size = rewards.shape[0]
+    advantages = np.zeros_like(rewards)
+    last_gae_lam = 0
+    for step in reversed(range(buffer_size)):
+        if step == buffer_size - 1:
+            next_non_terminal = 1.0 - dones.astype(np.float32)
+            next_values = last_values
+        else:
+            next_non_terminal = 1.0 - episode_starts[step + 1]
+            next_values = values[step + 1]
+        delta = rewards[step] + gamma * next_values * next_non_terminal - values[step]
+        last_gae_lam = delta + gamma * gae_lambda * next_non_terminal * last_gae_lam
+        advantages[step] = last_gae_lam
+    return advantages, advantages + values
+
+
+def sb3_calls(r: Rollout):
+    """GAE from SB3's buffers: rl_triton (flags mapped) vs the SB3 numpy loop."""
+    if r.time_dim != 0:
+        raise ValueError("the SB3 reference row needs a time-major rollout")
+    done = r.done.cpu()
+    rewards = r.rewards.cpu().numpy()
+    values = r.values.cpu().numpy()
+    # observation-aligned flags as SB3 stores them: episode_starts[t+1] = done[t]
+    episode_starts = np.zeros_like(rewards)
+    episode_starts[1:] = done[:-1].numpy()
+    last_dones = done[-1].numpy()
+    last_values = torch.randn(rewards.shape[1], generator=torch.Generator().manual_seed(1)).numpy()
+
+    def fast(backend: str):
+        es = torch.from_numpy(episode_starts)
+        # done[t] = episode_start[t+1], done[T-1] = last_done; SB3 folds the truncation
+        # bootstrap into the rewards, so every done is a termination.
+        d = torch.cat([es[1:], torch.from_numpy(last_dones).to(es.dtype)[None]], dim=0)
+        return rt.gae(torch.from_numpy(rewards), torch.from_numpy(values), done=d,
+                      bootstrap_value=torch.from_numpy(last_values), gamma=GAMMA, lmbda=LMBDA,
+                      time_dim=0, backend=backend)
+
+    def loop():
+        return sb3_gae_numpy(rewards, values, episode_starts, last_values, last_dones,
+                             GAMMA, LMBDA)
+
+    return fast, loop
+
+
+# --------------------------------------------------------------------------------------
+# timing, checking, printing
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """Median seconds per call. CPU: perf_counter; CUDA: events around each call."""
+    times = []
+    if device.type == "cuda":
+        for _ in range(repeats):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    else:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _as_tensors(out) -> List[torch.Tensor]:
+    if isinstance(out, (tuple, list)):
+        return [torch.as_tensor(o) for o in out]
+    return [torch.as_tensor(out)]
+
+
+def max_error(fast, ref) -> Tuple[float, bool]:
+    """Max abs difference over all outputs, and whether it is within float32 tolerance."""
+    worst, ok = 0.0, True
+    for a, b in zip(_as_tensors(fast), _as_tensors(ref)):
+        a = a.detach().to("cpu", torch.float64)
+        b = b.detach().to("cpu", torch.float64)
+        err = (a - b).abs().max().item() if a.numel() else 0.0
+        tol = 1e-4 * (1.0 + b.abs().max().item()) if b.numel() else 0.0
+        worst = max(worst, err)
+        ok = ok and a.shape == b.shape and err <= tol
+    return worst, ok
+
+
+def fmt_time(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} us"
+    if s < 1.0:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+class _Progress:
+    """tqdm when installed, else a one-line counter on a terminal's stderr."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        self._bar = None
+        self._n, self._total = 0, total
+        self._enabled = enabled
+        if not enabled:
+            return
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            return
+        self._bar = tqdm(total=total, unit="run", leave=False, file=sys.stderr)
+
+    def update(self, desc: str) -> None:
+        self._n += 1
+        if self._bar is not None:
+            self._bar.set_description_str(desc, refresh=False)
+            self._bar.update(1)
+        elif self._enabled and sys.stderr.isatty():
+            sys.stderr.write(f"\r[{self._n}/{self._total}] {desc:<48}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif self._enabled and sys.stderr.isatty():
+            sys.stderr.write("\r" + " " * 60 + "\r")
+            sys.stderr.flush()
+
+
+def auto_backend_name(device: torch.device) -> str:
+    """What backend="auto" runs on tensors of this device (docs/semantics.md, Backends)."""
+    try:
+        from rl_triton.core.scan import resolve_backend
+
+        return resolve_backend("auto", device)
+    except Exception:  # internal helper moved: fall back to the documented rule
+        pass
+    if device.type == "cuda":
+        return "triton"
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return "torch"
+    return "cpu"
+
+
+def print_table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+
+    def line(cells):
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    print(line(header))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(line(r))
+
+
+# --------------------------------------------------------------------------------------
+# main
+
+
+def _measure(name, shape, fast, loop, loop_name, fast_name, repeats, dev) -> List[str]:
+    """One table row: warm up, check against the reference, time both."""
+    out_fast = fast()  # warm-up: numba / Triton compile on the first call
+    fast()
+    _sync(dev)
+    t0 = time.perf_counter()
+    out_ref = loop()
+    _sync(dev)
+    loop_once = time.perf_counter() - t0
+    err, ok = max_error(out_fast, out_ref)
+    t_fast = median_time(fast, repeats, dev)
+    # keep slow reference loops to a few calls so the demo stays short
+    loop_repeats = repeats if loop_once * repeats < 2.0 else max(1, min(repeats, 3))
+    t_loop = median_time(loop, loop_repeats, dev)
+    loop_cell = fmt_time(t_loop) + ("" if loop_name == "torch loop" else f" ({loop_name})")
+    return [name, shape.label, fast_name, fmt_time(t_fast), loop_cell,
+            f"{t_loop / t_fast:.1f}x", f"{err:.1e} " + ("ok" if ok else "MISMATCH")]
+
+
+def default_shapes(device: torch.device, quick: bool) -> List[Shape]:
+    if device.type == "cuda":
+        shapes = [Shape((4096, 128), -1), Shape((512, 1024), 0)]
+    else:
+        # SB3's default PPO rollout (2048 steps x 8 envs) and a wide one (128 steps x 64 envs),
+        # both time-major like SB3's buffers
+        shapes = [Shape((2048, 8), 0), Shape((128, 64), 0)]
+    if quick:  # the smaller CPU shape, the first GPU shape
+        return shapes[-1:] if device.type == "cpu" else shapes[:1]
+    return shapes
+
+
+def run(device: Optional[str] = None, repeats: Optional[int] = None, quick: bool = False,
+        progress: bool = True) -> int:
+    if device is None or device == "auto":
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
+            return 2
+    if repeats is None:
+        repeats = 5 if quick else 20
+    repeats = max(1, repeats)
+    shapes = default_shapes(dev, quick)
+    fast_name = auto_backend_name(dev)
+
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (
+        f"CPU, {torch.get_num_threads()} torch threads")
+    print(f"rl_triton {getattr(rt, '__version__', '?')} demo on {dev} ({where}); "
+          f"torch {torch.__version__}")
+    print(f'backend "auto" runs "{fast_name}" here; reference: backend "torch" (plain loop over '
+          f"time); float32, gamma={GAMMA}, lmbda={LMBDA}; median of {repeats} calls after warm-up")
+    if fast_name == "torch" and dev.type == "cpu":
+        print("note: numba is not installed, so on CPU 'auto' is the plain torch loop "
+              '(pip install "rl-triton[cpu]" for the compiled CPU loop)')
+    elif fast_name == "torch":
+        print("note: the Triton backend is not usable here, so 'auto' is the plain torch loop")
+    print()
+
+    plan = []
+    for shape in shapes:
+        r = Rollout(shape, dev)
+        for name, call in estimator_calls(r):
+            plan.append((name, shape, lambda call=call: call("auto"),
+                         lambda call=call: call("torch"), "torch loop"))
+        if dev.type == "cpu" and shape.time_dim == 0:
+            fast, loop = sb3_calls(r)
+            plan.append(("gae vs SB3 numpy loop", shape, lambda fast=fast: fast("auto"), loop,
+                         "SB3 numpy"))
+
+    rows, failures, errors = [], 0, []
+    bar = _Progress(len(plan), enabled=progress)
+    try:
+        for name, shape, fast, loop, loop_name in plan:
+            bar.update(f"{name} {shape.label}")
+            try:
+                rows.append(_measure(name, shape, fast, loop, loop_name, fast_name, repeats, dev))
+            except Exception as e:  # report it and go on with the other estimators
+                rows.append([name, shape.label, fast_name, "error", "-", "-", "-"])
+                errors.append(f"{name} {shape.label}: {type(e).__name__}: {e}")
+            if rows[-1][-1] == "-" or rows[-1][-1].endswith("MISMATCH"):
+                failures += 1
+    finally:
+        bar.close()
+
+    print_table(rows, ["estimator", "shape", "backend", "time fast", "time loop", "speed-up",
+                       "max error"])
+    print()
+    for line in errors:
+        print(f"error: {line}")
+    if failures:
+        print(f"{failures} of {len(plan)} runs failed or differ from the reference beyond "
+              "float32 tolerance.")
+        return 1
+    print("all results match the reference loop within float32 tolerance "
+          "(max abs error <= 1e-4 * (1 + max |reference|)).")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m rl_triton",
+        description="Run every rl_triton estimator on a realistic rollout, check it against "
+                    "the plain loop and time both.")
+    p.add_argument("--device", default="auto",
+                   help="auto (CUDA if available, else CPU), cpu, cuda or cuda:N")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed calls per measurement (median); default 20, 5 with --quick")
+    p.add_argument("--quick", action="store_true",
+                   help="one shape and 5 repeats")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    a = p.parse_args(argv)
+    return run(device=a.device, repeats=a.repeats, quick=a.quick, progress=not a.no_progress)
