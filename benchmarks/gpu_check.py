@@ -32,8 +32,10 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.flo
 GAMMA, LMBDA = 0.99, 0.95
 
 
-def cases(quick: bool):
+def cases(quick: bool, only=None):
     shapes = QUICK_SHAPES if quick else SHAPES
+    if only:
+        shapes = [s for s in shapes if f"{s[0]}x{s[1]}" in only]
     out = []
     for shape in shapes:
         R, T = shape[:2]
@@ -215,8 +217,9 @@ def main():
     p.add_argument("--quick", action="store_true", help="small shapes (interpreter smoke run)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--workers", type=int, default=os.cpu_count())
+    p.add_argument("--shapes", help="comma-separated RxT subset of the shape list")
     args = p.parse_args()
-    all_cases = cases(args.quick)
+    all_cases = cases(args.quick, args.shapes and args.shapes.split(","))
     start = time.time()
     with ProcessPoolExecutor(args.workers) as pool:  # forked before CUDA starts
         futures = [pool.submit(expected, c, i) for i, c in enumerate(all_cases)]

@@ -56,22 +56,49 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
 def plan(R: int, T: int, float64: bool, device: torch.device):
     """(BLOCK_R, BLOCK_T, n_seg, chunks per segment, num_warps, SEG_BLOCK) for R rows of T steps."""
-    block_t = _forced.get("block_t") or min(triton.next_power_of_2(max(T, 1)), 512 if float64 else 1024)
-    block_r = _forced.get("block_r") or min(triton.next_power_of_2(max(R, 1)), max(1, TILE // block_t))
+    block_t = _forced.get("block_t") or min(_pow2(T), 512 if float64 else 1024)
+    block_r = _forced.get("block_r") or min(_pow2(R), max(1, TILE // block_t))
     num_warps = _forced.get("num_warps") or max(1, min(8, block_r * block_t // 128))
     # the scan lowering needs a tile of at least one element per thread
     block_t = max(block_t, 32 * num_warps // block_r)
-    row_programs = triton.cdiv(R, block_r)
+    row_programs = _cdiv(R, block_r)
     target = 2 * _multiprocessors(device)
     n_seg = _forced.get("n_seg") or 1
     if "n_seg" not in _forced and row_programs < target and T >= 4 * block_t:
-        n_seg = min(triton.cdiv(target, row_programs), triton.cdiv(T, block_t), MAX_SEGMENTS)
-    seg_chunks = triton.cdiv(triton.cdiv(T, block_t), n_seg)
-    n_seg = triton.cdiv(triton.cdiv(T, block_t), seg_chunks)
-    seg_block = max(triton.next_power_of_2(n_seg), 32 * num_warps // block_r)
+        n_seg = min(_cdiv(target, row_programs), _cdiv(T, block_t), MAX_SEGMENTS)
+    seg_chunks = _cdiv(_cdiv(T, block_t), n_seg)
+    n_seg = _cdiv(_cdiv(T, block_t), seg_chunks)
+    seg_block = max(_pow2(n_seg), 32 * num_warps // block_r)
     return block_r, block_t, n_seg, seg_chunks, num_warps, seg_block
+
+
+_launches: dict = {}
+
+
+def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, device: torch.device):
+    """Grid, segment arguments and compile-time options of one launch, cached per shape class."""
+    key = (name, R, T, acc64, reverse, device)
+    config = None if _forced else _launches.get(key)
+    if config is None:
+        build, init, store, _, need_prev = ALGORITHMS[name]
+        block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device)
+        options = dict(BUILD=build, INIT=init, STORE=store, REVERSE=reverse, NEED_PREV=need_prev,
+                       ACC=tl.float64 if acc64 else tl.float32, BLOCK_R=block_r, BLOCK_T=block_t,
+                       SEG_BLOCK=seg_block, num_warps=num_warps)
+        config = ((_cdiv(R, block_r), n_seg), seg_chunks, n_seg, options)
+        if not _forced:
+            _launches[key] = config
+    return config
 
 
 def _pack(kind: str, x):
@@ -87,7 +114,7 @@ def _pack(kind: str, x):
 
 def run(name: str, *args) -> None:
     """Launch algorithm ``name`` on ``[R, T]`` views; the outputs are the last arguments."""
-    build, init, store, reverse, need_prev = ALGORITHMS[name]
+    reverse = ALGORITHMS[name][3]
     arg_kinds = kinds(name)
     n_out = N_OUT.get(name, 1)
     ref = args[0]
@@ -104,19 +131,16 @@ def run(name: str, *args) -> None:
     ins, outs = tuple(packed[:-n_out]), tuple(packed[-n_out:])
     if reverse is None:
         reverse = bool(args[3])
-    acc = tl.float64 if acc64 else tl.float32
-    block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, ref.device)
-    grid = (triton.cdiv(R, block_r), n_seg)
-    common = dict(BUILD=build, INIT=init, STORE=store, REVERSE=reverse, NEED_PREV=need_prev, ACC=acc, BLOCK_R=block_r,
-                  BLOCK_T=block_t, SEG_BLOCK=seg_block, num_warps=num_warps)
-    guard = torch.cuda.device(ref.device) if ref.device.type == "cuda" else contextlib.nullcontext()
-    with guard:
+    device = ref.device
+    grid, seg_chunks, n_seg, options = _launch_config(name, R, T, acc64, reverse, device)
+    other_gpu = device.type == "cuda" and device.index != torch.cuda.current_device()
+    with torch.cuda.device(device) if other_gpu else contextlib.nullcontext():
         if n_seg > 1:
-            ws = torch.empty(R * n_seg * 2, dtype=torch.float64 if acc64 else torch.float32, device=ref.device)
-            scan_kernel[grid](ins, outs, ws, R, T, seg_chunks, n_seg, PHASE=1, **common)
-            scan_kernel[grid](ins, outs, ws, R, T, seg_chunks, n_seg, PHASE=2, **common)
+            ws = torch.empty(R * n_seg * 2, dtype=torch.float64 if acc64 else torch.float32, device=device)
+            scan_kernel[grid](ins, outs, ws, R, T, seg_chunks, n_seg, PHASE=1, **options)
+            scan_kernel[grid](ins, outs, ws, R, T, seg_chunks, n_seg, PHASE=2, **options)
         else:
-            scan_kernel[grid](ins, outs, ref, R, T, seg_chunks, n_seg, PHASE=0, **common)
+            scan_kernel[grid](ins, outs, ref, R, T, seg_chunks, n_seg, PHASE=0, **options)
 
 
 def affine_scan(alpha, beta, carry, reverse: bool):

@@ -1,0 +1,59 @@
+"""Sweep forced launch plans of the Triton engine for GAE and print the fastest per shape.
+
+    python benchmarks/sweep_plan.py [--shapes 128x4096,64x8192]
+
+Each plan compiles its own kernel, so a full sweep takes minutes: keep the shape list short.
+Device time is the median CUDA-graph replay (benchmarks/run.py). The default plan is
+``rl_triton.core.kernels.plan``; compare its line ("auto") with the best forced ones.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run import device_us  # noqa: E402
+
+import rl_triton as rt  # noqa: E402
+from rl_triton.core import kernels  # noqa: E402
+
+SHAPES = "128x4096,64x8192,8x32768,1x131072,32768x8,4096x128"
+
+
+def plans(R, T, sms):
+    for block_t in (64, 128, 256, 512, 1024):
+        if block_t > max(T, 32):
+            continue
+        for num_warps in (1, 2, 4, 8):
+            for block_r in (1, 2, 4, 8, 16, 32, 64, 128):
+                if block_r * block_t > 4096 or block_r * block_t < 32 * num_warps or block_r > 2 * R:
+                    continue
+                row_programs = -(-R // block_r)
+                for n_seg in sorted({1, *(max(1, k * sms // row_programs) for k in (2, 4, 8))}):
+                    if n_seg <= -(-T // block_t):
+                        yield dict(block_t=block_t, block_r=block_r, num_warps=num_warps, n_seg=n_seg)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default=SHAPES)
+    args = p.parse_args()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for shape in args.shapes.split(","):
+        R, T = map(int, shape.split("x"))
+        r = torch.randn(R, T, device="cuda")
+        v = torch.randn_like(r)
+        d = torch.rand_like(r) < 0.02
+        results = []
+        for forced in plans(R, T, sms):
+            with kernels.forced_plan(**forced):
+                results.append((device_us(lambda: rt.gae(r, v, done=d), reps=5), forced))
+        results.sort(key=lambda x: x[0])
+        best = " ".join(f"{t:.2f} {f}" for t, f in results[:3])
+        print(f"{shape}: auto {device_us(lambda: rt.gae(r, v, done=d)):.2f} us | best {best}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
