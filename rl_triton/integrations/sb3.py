@@ -1,0 +1,135 @@
+"""Stable-Baselines3: one fused GAE call instead of the Python loop of
+``RolloutBuffer.compute_returns_and_advantage``.
+
+    import rl_triton.integrations.sb3 as rt_sb3
+    rt_sb3.patch()            # RolloutBuffer, DictRolloutBuffer and every subclass (sb3-contrib too)
+    PPO("MlpPolicy", "CartPole-v1").learn(100_000)
+    rt_sb3.unpatch()          # the original method, the same function object
+
+or per algorithm, without patching: ``PPO(..., rollout_buffer_class=rt_sb3.FastRolloutBuffer)``
+(``FastDictRolloutBuffer`` for dict observations).
+
+SB3 keeps its rollout in numpy ``(n_steps, n_envs)`` float32 arrays on the host, so the
+default runs the CPU backend on those arrays in place. ``device="cuda"`` (or a buffer's
+``gae_device``) moves the three inputs to that GPU and the two outputs back; ``device="auto"``
+does so when CUDA is available and the buffer holds at least ``gpu_min_elements`` steps.
+
+Conventions mapped here (docs/semantics.md, section 4): ``episode_starts[t]`` marks obs t as
+the first of an episode, so done[t] = episode_starts[t+1] and done[T-1] = ``dones``; SB3 folds
+the time-limit bootstrap into the rewards, so every done is a termination; V(s_T) is
+``last_values``. Advantages are written into ``self.advantages`` in place and ``self.returns``
+is rebound to a new array (advantages + values), as SB3 does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+from stable_baselines3.common import buffers as _buffers
+
+from .. import gae
+
+__all__ = ["FastDictRolloutBuffer", "FastRolloutBuffer", "is_patched", "patch", "patched", "unpatch"]
+
+_ORIGINAL = _buffers.RolloutBuffer.__dict__["compute_returns_and_advantage"]
+_settings = {"device": "cpu", "gpu_min_elements": 1 << 22}
+
+
+def _target_device(name, n_elements: int) -> torch.device:
+    if name == "auto":
+        use_gpu = torch.cuda.is_available() and n_elements >= _settings["gpu_min_elements"]
+        return torch.device("cuda" if use_gpu else "cpu")
+    return torch.device(name)
+
+
+def compute_returns_and_advantage(self, last_values: torch.Tensor, dones: np.ndarray) -> None:
+    """GAE over the buffer (SB3's semantics) as one fused scan; see the module docstring."""
+    T, N = self.rewards.shape
+    done = np.empty((T, N), dtype=np.bool_)
+    np.not_equal(self.episode_starts[1:], 0, out=done[:-1])
+    done[-1] = np.asarray(dones).reshape(N) != 0
+    last = last_values.detach().reshape(N)
+    returns = np.empty_like(self.values)
+    device = _target_device(getattr(self, "gae_device", None) or _settings["device"], T * N)
+    arrays = [torch.from_numpy(a) for a in (self.rewards, self.values, done)]
+    kw = dict(bootstrap_value=last.to(device=device, dtype=arrays[0].dtype), gamma=float(self.gamma),
+              lmbda=float(self.gae_lambda), time_dim=0)
+    if device.type == "cpu":
+        rewards, values, done_t = arrays
+        gae(rewards, values, done=done_t, out=(torch.from_numpy(self.advantages), torch.from_numpy(returns)), **kw)
+    else:
+        rewards, values, done_t = (a.to(device, non_blocking=True) for a in arrays)
+        adv, _ = gae(rewards, values, done=done_t, **kw)
+        np.copyto(self.advantages, adv.cpu().numpy())
+    # SB3's own expression, so that returns == advantages + values holds to the bit
+    self.returns = np.add(self.advantages, self.values, out=returns)
+
+
+def _check_device(device, name: str) -> str:
+    if not isinstance(device, str):
+        raise TypeError(f"{name} must be a string ('cpu', 'cuda', 'cuda:N' or 'auto'), got {type(device).__name__}")
+    if device != "auto":
+        try:
+            torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"{name}={device!r} is not a device: {e}") from None
+    return device
+
+
+def patch(device: str = "cpu", gpu_min_elements: int | None = None) -> None:
+    """Route ``RolloutBuffer.compute_returns_and_advantage`` (and so every subclass that
+    inherits it) through rl_triton. Idempotent; calling again only updates the settings.
+
+    ``device``: "cpu" (default), "cuda"/"cuda:N", or "auto" (GPU from ``gpu_min_elements``
+    buffer steps on).
+    """
+    _check_device(device, "device")
+    if gpu_min_elements is not None:
+        if isinstance(gpu_min_elements, bool) or not isinstance(gpu_min_elements, int) or gpu_min_elements < 0:
+            raise ValueError(f"gpu_min_elements must be a non-negative int, got {gpu_min_elements!r}")
+        _settings["gpu_min_elements"] = gpu_min_elements
+    _settings["device"] = device
+    _buffers.RolloutBuffer.compute_returns_and_advantage = compute_returns_and_advantage
+
+
+def unpatch() -> None:
+    """Restore SB3's own method (the original function object). Idempotent."""
+    _buffers.RolloutBuffer.compute_returns_and_advantage = _ORIGINAL
+    _settings["device"] = "cpu"
+
+
+def is_patched() -> bool:
+    return _buffers.RolloutBuffer.__dict__["compute_returns_and_advantage"] is compute_returns_and_advantage
+
+
+@contextlib.contextmanager
+def patched(device: str = "cpu", gpu_min_elements: int | None = None):
+    """``with patched(): ...`` patches for the block and restores the previous state after."""
+    was_patched, previous = is_patched(), dict(_settings)
+    patch(device, gpu_min_elements)
+    try:
+        yield
+    finally:
+        _settings.update(previous)
+        if not was_patched:
+            unpatch()
+
+
+class _FastGAE:
+    """Mixin for ``rollout_buffer_class``: the fused GAE, optionally on ``gae_device``."""
+
+    def __init__(self, *args, gae_device: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gae_device = None if gae_device is None else _check_device(gae_device, "gae_device")
+
+    compute_returns_and_advantage = compute_returns_and_advantage
+
+
+class FastRolloutBuffer(_FastGAE, _buffers.RolloutBuffer):
+    """``RolloutBuffer`` with the fused GAE: ``PPO(..., rollout_buffer_class=FastRolloutBuffer)``."""
+
+
+class FastDictRolloutBuffer(_FastGAE, _buffers.DictRolloutBuffer):
+    """``DictRolloutBuffer`` with the fused GAE, for dict observation spaces."""
