@@ -13,7 +13,8 @@ Peers (TorchRL, torch.compile scans) join the GPU table with the performance iss
 
 CPU: GAE on time-major (T, N) rollouts, SB3's layout, gamma 0.99, lambda 0.95, 2% dones; the
 median of repeated calls (time.perf_counter) of rl_triton's numba and torch backends, SB3's own
-``RolloutBuffer.compute_returns_and_advantage`` and TorchRL's ``generalized_advantage_estimate``
+``RolloutBuffer.compute_returns_and_advantage`` (and the same method patched by
+rl_triton.integrations.sb3) and TorchRL's ``generalized_advantage_estimate``
 and ``vec_generalized_advantage_estimate`` when installed, each first checked against the float64
 oracle of tests/oracle.py (a wrong result is reported, not timed).
 """
@@ -151,11 +152,14 @@ def cpu_peers(T, N, r, v, ep_start, last_v, last_done, gamma, lam):
                             gamma=gamma, n_envs=N)
         buf.rewards[:], buf.values[:], buf.episode_starts[:] = r, v, ep_start
 
-        def sb3():
-            buf.compute_returns_and_advantage(torch.as_tensor(last_v), last_done)
+        import rl_triton.integrations.sb3 as rt_sb3
+
+        def sb3(method):
+            method(buf, torch.as_tensor(last_v), last_done)
             return buf.advantages
 
-        peers["SB3 RolloutBuffer"] = sb3
+        peers["SB3 RolloutBuffer"] = lambda: sb3(RolloutBuffer.compute_returns_and_advantage)
+        peers["SB3 RolloutBuffer, rl_triton patch"] = lambda: sb3(rt_sb3.compute_returns_and_advantage)
     except ImportError:
         pass
     try:

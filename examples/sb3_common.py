@@ -142,8 +142,12 @@ def report(results, out: str, title: str):
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in results:
         if r["episodes"]:
-            steps, rets = zip(*r["episodes"])
-            ax.plot(steps, rets, ".-", alpha=0.7, label=r["label"])
+            by_step = defaultdict(list)
+            for step, ret in r["episodes"]:
+                by_step[step].append(ret)
+            steps = sorted(by_step)
+            line, = ax.plot(steps, [np.mean(by_step[s]) for s in steps], "-o", label=f"{r['label']} (mean)")
+            ax.scatter(*zip(*r["episodes"]), s=8, alpha=0.4, color=line.get_color())
     ax.set_xlabel("timesteps")
     ax.set_ylabel("episode return")
     ax.set_title(title)
