@@ -1,0 +1,32 @@
+"""The examples run end to end on a tiny budget, with both GAE variants, and write their outputs."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _needs(*modules):
+    for m in modules:
+        pytest.importorskip(m)
+
+
+@pytest.mark.parametrize(
+    "script,args,modules",
+    [
+        ("sb3_ppo_mujoco.py", ["--timesteps", "2048", "--n-envs", "2"], ("stable_baselines3", "mujoco")),
+        ("sb3_ppo_atari.py", ["--timesteps", "512", "--n-envs", "2"], ("stable_baselines3", "ale_py", "cv2")),
+    ],
+)
+def test_example_runs(script, args, modules, tmp_path):
+    _needs(*modules)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]), MPLBACKEND="Agg")
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), "--compare", "--out",
+                             str(tmp_path), *args], capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "| SB3 loop |" in result.stdout and "| rl_triton |" in result.stdout
+    for name in ("timings.csv", "episodes.csv", "returns.png"):
+        assert (tmp_path / name).stat().st_size > 0
