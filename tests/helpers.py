@@ -636,6 +636,36 @@ def bootstrap_value(draw, layout: Layout, dtype, rng):
     return make_tensor(arr, dtype, draw(layout_variant(len(shape))))
 
 
+def _next_value_form(draw, lay, dtype, rng, kw):
+    """Explicit next_values, or the implied form with an optional bootstrap_value; fills ``kw``."""
+    explicit = draw(st.booleans())
+    nv_t = bv = None
+    if explicit:
+        nv_t = _data(draw, rng, lay.shape, dtype)
+        kw["next_values"] = nv_t
+    elif draw(st.booleans()):
+        bv = draw(bootstrap_value(lay, dtype, rng))
+        kw["bootstrap_value"] = bv
+    return explicit, nv_t, bv
+
+
+def _next_value_rows(explicit, nv_t, bv, values_rows, S, td):
+    if explicit:
+        return to_rows(nv_t, S, td)
+    return oracle.implied_next_values(values_rows, None if bv is None else per_row(bv, S, td))
+
+
+def _gamma_lmbda(draw, lay, dtype, rng, kw, **coef_kw):
+    """gamma and lmbda in any accepted form, or left to their defaults; fills ``kw``."""
+    gamma, gform = draw(coefficient(lay, dtype, rng, allow_default=True, **coef_kw))
+    lmbda, lform = draw(coefficient(lay, dtype, rng, allow_default=True, **coef_kw))
+    if gamma is not None:
+        kw["gamma"] = gamma
+    if lmbda is not None:
+        kw["lmbda"] = lmbda
+    return gamma, gform, lmbda, lform
+
+
 @st.composite
 def gae_cases(draw, dtypes=None):
     dtype = draw(st.sampled_from(dtypes or FLOAT_DTYPES))
@@ -644,33 +674,16 @@ def gae_cases(draw, dtypes=None):
     S, td = lay.shape, lay.td
     r = _data(draw, rng, S, dtype)
     v = _data(draw, rng, S, dtype)
-    explicit = draw(st.booleans())
     kw: dict[str, Any] = {}
-    bv = None
-    nv_t = None
-    if explicit:
-        nv_t = _data(draw, rng, S, dtype)
-        kw["next_values"] = nv_t
-    else:
-        if draw(st.booleans()):
-            bv = draw(bootstrap_value(lay, dtype, rng))
-            kw["bootstrap_value"] = bv
+    explicit, nv_t, bv = _next_value_form(draw, lay, dtype, rng, kw)
     fkw, done, term, fdesc = draw(flags(lay, dtype, rng, allow_truncation=explicit))
     kw.update(fkw)
-    gamma, gform = draw(coefficient(lay, dtype, rng, allow_default=True))
-    lmbda, lform = draw(coefficient(lay, dtype, rng, allow_default=True))
-    if gamma is not None:
-        kw["gamma"] = gamma
-    if lmbda is not None:
-        kw["lmbda"] = lmbda
+    gamma, gform, lmbda, lform = _gamma_lmbda(draw, lay, dtype, rng, kw)
     kw.update(lay.kw())
 
     def expected():
         rr, vv = to_rows(r, S, td), to_rows(v, S, td)
-        if explicit:
-            nv = to_rows(nv_t, S, td)
-        else:
-            nv = oracle.implied_next_values(vv, None if bv is None else per_row(bv, S, td))
+        nv = _next_value_rows(explicit, nv_t, bv, vv, S, td)
         g = coef_rows(0.99 if gamma is None else gamma, S, td)
         lam = coef_rows(0.95 if lmbda is None else lmbda, S, td)
         adv, tgt = oracle.gae(rr, vv, nv, to_rows(term, S, td), to_rows(done, S, td), g, lam)
@@ -691,12 +704,7 @@ def td_lambda_cases(draw, dtypes=None):
     kw: dict[str, Any] = {}
     fkw, done, term, fdesc = draw(flags(lay, dtype, rng, allow_truncation=True))
     kw.update(fkw)
-    gamma, gform = draw(coefficient(lay, dtype, rng, allow_default=True))
-    lmbda, lform = draw(coefficient(lay, dtype, rng, allow_default=True))
-    if gamma is not None:
-        kw["gamma"] = gamma
-    if lmbda is not None:
-        kw["lmbda"] = lmbda
+    gamma, gform, lmbda, lform = _gamma_lmbda(draw, lay, dtype, rng, kw)
     kw.update(lay.kw())
 
     def expected():
@@ -754,35 +762,30 @@ CLIP = st.one_of(st.sampled_from([1.0, 1.0, 0.5, 2.0, math.inf]), st.floats(0.05
 
 
 @st.composite
-def vtrace_cases(draw, dtypes=None):
+def _off_policy_inputs(draw, dtypes, spreads):
+    """dtype, layout, rng, rewards, values (or q), log_pi, log_mu; log_pi - log_mu ~ N(0, spread)."""
     dtype = draw(st.sampled_from(dtypes or FLOAT_DTYPES))
     lay = draw(layouts())
     rng = _rng(draw)
-    S, td = lay.shape, lay.td
+    S = lay.shape
     r = _data(draw, rng, S, dtype)
     v = _data(draw, rng, S, dtype)
     lm_arr = rng.normal(0.0, 1.0, size=S)
-    spread = draw(st.sampled_from([0.0, 0.3, 1.0]))
-    lp_arr = lm_arr + rng.normal(0.0, 1.0, size=S) * spread
+    lp_arr = lm_arr + rng.normal(0.0, 1.0, size=S) * draw(st.sampled_from(spreads))
     log_mu = make_tensor(lm_arr, dtype, draw(layout_variant(len(S))))
     log_pi = make_tensor(lp_arr, dtype, draw(layout_variant(len(S))))
+    return dtype, lay, rng, r, v, log_pi, log_mu
+
+
+@st.composite
+def vtrace_cases(draw, dtypes=None):
+    dtype, lay, rng, r, v, log_pi, log_mu = draw(_off_policy_inputs(dtypes, [0.0, 0.3, 1.0]))
+    S, td = lay.shape, lay.td
     kw: dict[str, Any] = {}
-    explicit = draw(st.booleans())
-    nv_t = bv = None
-    if explicit:
-        nv_t = _data(draw, rng, S, dtype)
-        kw["next_values"] = nv_t
-    elif draw(st.booleans()):
-        bv = draw(bootstrap_value(lay, dtype, rng))
-        kw["bootstrap_value"] = bv
+    explicit, nv_t, bv = _next_value_form(draw, lay, dtype, rng, kw)
     fkw, done, term, fdesc = draw(flags(lay, dtype, rng, allow_truncation=explicit))
     kw.update(fkw)
-    gamma, gform = draw(coefficient(lay, dtype, rng, allow_default=True))
-    lmbda, lform = draw(coefficient(lay, dtype, rng, allow_default=True))
-    if gamma is not None:
-        kw["gamma"] = gamma
-    if lmbda is not None:
-        kw["lmbda"] = lmbda
+    gamma, gform, lmbda, lform = _gamma_lmbda(draw, lay, dtype, rng, kw)
     clips = {}
     for name in ("rho_bar", "c_bar", "rho_bar_pg"):
         if draw(st.booleans()):
@@ -792,10 +795,7 @@ def vtrace_cases(draw, dtypes=None):
 
     def expected():
         rr, vv = to_rows(r, S, td), to_rows(v, S, td)
-        if explicit:
-            nv = to_rows(nv_t, S, td)
-        else:
-            nv = oracle.implied_next_values(vv, None if bv is None else per_row(bv, S, td))
+        nv = _next_value_rows(explicit, nv_t, bv, vv, S, td)
         g = coef_rows(0.99 if gamma is None else gamma, S, td)
         lam = coef_rows(1.0 if lmbda is None else lmbda, S, td)
         rho_bar = clips.get("rho_bar", 1.0)
@@ -813,16 +813,8 @@ def vtrace_cases(draw, dtypes=None):
 
 @st.composite
 def retrace_cases(draw, dtypes=None):
-    dtype = draw(st.sampled_from(dtypes or FLOAT_DTYPES))
-    lay = draw(layouts())
-    rng = _rng(draw)
+    dtype, lay, rng, r, q, log_pi, log_mu = draw(_off_policy_inputs(dtypes, [0.0, 0.5, 1.5]))
     S, td = lay.shape, lay.td
-    r = _data(draw, rng, S, dtype)
-    q = _data(draw, rng, S, dtype)
-    lm_arr = rng.normal(0.0, 1.0, size=S)
-    lp_arr = lm_arr + rng.normal(0.0, 1.0, size=S) * draw(st.sampled_from([0.0, 0.5, 1.5]))
-    log_mu = make_tensor(lm_arr, dtype, draw(layout_variant(len(S))))
-    log_pi = make_tensor(lp_arr, dtype, draw(layout_variant(len(S))))
     kw: dict[str, Any] = {}
     form = draw(st.sampled_from(["expected", "full"]))
     ev_t = pi_t = nq_t = None
@@ -841,12 +833,7 @@ def retrace_cases(draw, dtypes=None):
         kw["next_q"] = nq_t
     fkw, done, term, fdesc = draw(flags(lay, dtype, rng, allow_truncation=True))
     kw.update(fkw)
-    gamma, gform = draw(coefficient(lay, dtype, rng, allow_default=True))
-    lmbda, lform = draw(coefficient(lay, dtype, rng, allow_default=True))
-    if gamma is not None:
-        kw["gamma"] = gamma
-    if lmbda is not None:
-        kw["lmbda"] = lmbda
+    gamma, gform, lmbda, lform = _gamma_lmbda(draw, lay, dtype, rng, kw)
     c_bar = None
     if draw(st.booleans()):
         c_bar = float(draw(CLIP))
@@ -903,12 +890,7 @@ def eligibility_cases(draw, dtypes=None):
     dtype, lay, rng, x, kw, done_mask, init, ddesc = draw(_trace_common(dtypes))
     S, td = lay.shape, lay.td
     feat_from = td + 1
-    gamma, gform = draw(coefficient(lay, dtype, rng, allow_default=True, feature_from=feat_from))
-    lmbda, lform = draw(coefficient(lay, dtype, rng, allow_default=True, feature_from=feat_from))
-    if gamma is not None:
-        kw["gamma"] = gamma
-    if lmbda is not None:
-        kw["lmbda"] = lmbda
+    gamma, gform, lmbda, lform = _gamma_lmbda(draw, lay, dtype, rng, kw, feature_from=feat_from)
     kw.update(lay.kw())
 
     def expected():

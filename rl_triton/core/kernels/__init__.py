@@ -101,12 +101,24 @@ def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, device
     return config
 
 
+_FLOAT32_TINY = 1.1754943508222875e-38
+
+
+def _scalar(x) -> float:
+    """A number as the kernels apply it (float32): float32 denormals become 0, as the GPU
+    flushes them (the interpreter would otherwise produce garbage from them)."""
+    x = float(x)
+    return 0.0 if abs(x) < _FLOAT32_TINY else x
+
+
 def _pack(kind: str, x):
     """One argument in the engine's form: strided views as tuples, constants as (None, value)."""
     if kind in ("u2", "f1", "f2", "f3") and isinstance(x, torch.Tensor):
         return (x, *x.stride())
     if kind == "f2" and x is not None:
-        return (None, float(x))
+        return (None, _scalar(x))
+    if kind == "s":
+        return _scalar(x)
     if kind in ("i", "b"):
         return None  # modes are implied by which inputs are None; direction is a constexpr
     return x
