@@ -193,17 +193,18 @@ def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
     """
     if kind in ("s", "i", "b"):
         return x
-    if kind == "u2":
-        if x is None:
+    if not isinstance(x, torch.Tensor):
+        if kind == "u2":
             return _constant(0, np.uint8, (rows, steps))
+        shape = {"f1": (rows,), "f2": (rows, steps), "f3": (rows, steps, 1)}[kind]
+        return _constant(0.0 if x is None else float(x), _NUMPY_DTYPES[dtype], shape)
+    if x.requires_grad:  # the fused path runs with autograd off; numpy() refuses such tensors
         x = x.detach()
+    if kind == "u2":
         if x.dtype in (torch.bool, torch.int8):
             return x.view(torch.uint8).numpy()
         return (x if x.dtype == torch.uint8 else (x != 0).view(torch.uint8)).numpy()
-    if not isinstance(x, torch.Tensor):
-        shape = {"f1": (rows,), "f2": (rows, steps), "f3": (rows, steps, 1)}[kind]
-        return _constant(0.0 if x is None else float(x), _NUMPY_DTYPES[dtype], shape)
-    return x.detach().to(dtype).numpy()
+    return (x if x.dtype == dtype else x.to(dtype)).numpy()
 
 
 def run(name: str, dtype: torch.dtype, *args) -> None:
