@@ -1,15 +1,21 @@
-"""Time the estimators: on a GPU every algorithm on the shape grid against the floors; on a
-CPU-only machine GAE on the CPU backends against SB3's and TorchRL's loops.
+"""Time the estimators: on a GPU every algorithm on the shape grid against its peers and the
+floors; on a CPU-only machine GAE on the CPU backends against SB3's and TorchRL's loops.
 
-    python benchmarks/run.py [--algos gae,vtrace] [--shapes 4096x128,1x131072] [--md FILE]
+    python benchmarks/run.py [--algos gae,vtrace] [--shapes 4096x128,1x131072] [--md FILE] [--img DIR]
     python benchmarks/run.py --cpu [--md FILE]
 
-Full call: CUDA events around one call with a synchronize before and after (what a training
-loop sees), median of many. Device time: median CUDA-graph replay of 20 calls, per call.
-Floors, measured in the same process: device-to-device copy bandwidth (torch's copy and a
-Triton copy kernel, the faster of the two) applied to the minimum bytes (each input read once,
-each output written once), and the full call and replay of an empty Triton kernel.
-Peers (TorchRL, torch.compile scans) join the GPU table with the performance issue.
+GPU: full call = CUDA events around one call with a synchronize before and after (what a
+training loop sees), median of many; device time = median CUDA-graph replay of 20 calls, per
+call ("-" where an implementation cannot be captured, e.g. it synchronises, or is too slow to
+capture). Floors, measured in the same process: device-to-device copy bandwidth (torch's copy
+and a Triton copy kernel, the faster) applied to the minimum bytes (each input read once, each
+output written once), and the full call and replay of an empty Triton kernel. Peers are in
+benchmarks/peers.py; every implementation is checked against the float64 oracle on the first
+rows before it is timed (a wrong one is marked, not timed). Ratios are peer time / rl_triton
+time from the same run. The torch.compile peers cost a compilation per shape, so by default
+only GAE gets them (``--compiled-peers gae,vtrace,...`` for more); run one algorithm per call
+to stay inside a device command limit. With --img, PNG plots (GAE time vs T, fraction of the
+floor) go there.
 
 CPU: GAE on time-major (T, N) rollouts, SB3's layout, gamma 0.99, lambda 0.95, 2% dones; the
 median of repeated calls (time.perf_counter) of rl_triton's numba and torch backends, SB3's own
@@ -34,10 +40,11 @@ import triton
 import triton.language as tl
 
 _here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(_here, ".."), os.path.join(_here, "..", "tests")]
+sys.path[:0] = [_here, os.path.join(_here, ".."), os.path.join(_here, "..", "tests")]
 import oracle  # noqa: E402
 
 import rl_triton as rt  # noqa: E402
+from peers import Problem, max_error  # noqa: E402
 
 GRID = ["4096x128", "64x512", "1024x1024", "16384x512", "128x4096", "32768x8", "4096x32", "16384x16",
         "64x8192", "8x32768", "1x131072", "16384x4096", "4096x4096"]
@@ -56,9 +63,15 @@ def _copy_kernel(src, dst, n, BLOCK: tl.constexpr):
     tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
 
 
-def full_call_us(fn, n=200):
-    for _ in range(10):
+def full_call_us(fn, n=200, budget_s=0.5):
+    """Median full call; fewer calls (at least 5) for slow implementations."""
+    for _ in range(3):
         fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    n = max(5, min(n, int(budget_s / max(time.perf_counter() - start, 1e-6))))
     times = []
     for _ in range(n):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -99,33 +112,6 @@ def copy_bandwidth_tbs():
     tri_copy = device_us(lambda: _copy_kernel[(triton.cdiv(n, 4096),)](src, dst, n, BLOCK=4096, num_warps=8),
                          calls=3, reps=5)
     return 2 * n * 4 / min(torch_copy, tri_copy) / 1e6
-
-
-def problem(algo, R, T, dtype=torch.float32):
-    """(callable, minimum bytes) for one estimator on an R x T rollout (2% dones)."""
-    g = torch.Generator(device="cuda").manual_seed(R * 7 + T)
-
-    def x(scale=1.0):
-        return (torch.randn(R, T, device="cuda", generator=g) * scale).to(dtype)
-
-    e = torch.tensor([], dtype=dtype).element_size()
-    done = torch.rand(R, T, device="cuda", generator=g) < 0.02
-    r, v, nv = x(), x(), x()
-    if algo == "gae":
-        return (lambda: rt.gae(r, v, done=done)), R * T * (2 * e + 1 + 2 * e)
-    if algo == "td_lambda_return":
-        return (lambda: rt.td_lambda_return(r, nv, done=done)), R * T * (2 * e + 1 + e)
-    if algo == "discounted_return":
-        return (lambda: rt.discounted_return(r, done=done)), R * T * (e + 1 + e)
-    if algo == "vtrace":
-        lp, lm = x(0.3), x(0.3)
-        return (lambda: rt.vtrace(r, v, lp, lm, done=done)), R * T * (4 * e + 1 + 2 * e)
-    if algo == "retrace":
-        lp, lm = x(0.3), x(0.3)
-        return (lambda: rt.retrace(r, v, lp, lm, next_expected_q=nv, done=done)), R * T * (5 * e + 1 + e)
-    if algo == "eligibility_trace":
-        return (lambda: rt.eligibility_trace(r, done=done, gamma=0.99, lmbda=0.9)), R * T * (e + 1 + e)
-    return (lambda: rt.episodic_cumsum(r, done=done)), R * T * (e + 1 + e)
 
 
 CPU_SHAPES = [(2048, 8), (2048, 1), (128, 8), (2048, 64)]
@@ -216,9 +202,28 @@ def main():
     p.add_argument("--shapes", default=",".join(GRID))
     p.add_argument("--cpu", action="store_true", help="CPU benchmark (the default without CUDA)")
     p.add_argument("--md", help="also write the table to this markdown file")
+    p.add_argument("--img", help="GPU: folder for the PNG plots")
+    p.add_argument("--no-peers", action="store_true", help="GPU: time rl_triton only")
+    p.add_argument("--compiled-peers", default="gae",
+                   help="GPU: algorithms that also get the torch.compile peers (each shape compiles)")
     args = p.parse_args()
     if args.cpu or not torch.cuda.is_available():
         return cpu_main(args.md)
+    gpu_main(args)
+
+
+def _device_or_none(fn, full_us):
+    """Device time, or None when the implementation is slow (launch-bound) or cannot be captured."""
+    if full_us > 5000:
+        return None
+    try:
+        return device_us(fn)
+    except Exception:  # a host synchronisation inside the call breaks graph capture
+        torch.cuda.synchronize()
+        return None
+
+
+def gpu_main(args):
     bw = copy_bandwidth_tbs()
     x = torch.empty(1, device="cuda")
     empty_full = full_call_us(lambda: _empty_kernel[(1,)](x))
@@ -226,23 +231,96 @@ def main():
     lines = [f"Device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}",
              f"Copy bandwidth (read + write): {bw:.2f} TB/s; empty Triton kernel: full call {empty_full:.1f} us, "
              f"replay {empty_dev:.2f} us", "",
-             "| algorithm | rows x T | full call us | device us | floor us | floor / device |",
-             "|---|---|---|---|---|---|"]
+             "| algorithm | rows x T | implementation | full call us | device us | full / ours | device / ours "
+             "| floor / device | max error |",
+             "|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
-    for algo in args.algos.split(","):
-        for shape in args.shapes.split(","):
-            R, T = map(int, shape.split("x"))
-            fn, nbytes = problem(algo, R, T)
-            floor = nbytes / (bw * 1e6)
-            full, dev = full_call_us(fn), device_us(fn)
-            line = f"| {algo} | {R}x{T} | {full:.1f} | {dev:.2f} | {floor:.2f} | {floor / dev:.0%} |"
-            lines.append(line)
-            print(line, flush=True)
-            del fn
-            torch.cuda.empty_cache()
+    results = []
+    cells = [(a, s) for a in args.algos.split(",") for s in args.shapes.split(",")]
+    bar = _progress(len(cells))
+    for algo, shape in cells:
+        R, T = map(int, shape.split("x"))
+        torch._dynamo.reset()  # compiled peers: no cache reuse across shapes
+        problem = Problem(algo, R, T)
+        expected = problem.expected(rows=4)
+        floor = problem.nbytes / (bw * 1e6)
+        peers = {} if args.no_peers else problem.peers(compiled=algo in args.compiled_peers.split(","))
+        impls = {"rl_triton": problem.call, **peers}
+        ours = None
+        for name, fn in impls.items():
+            try:
+                err = max_error(fn(), expected)
+            except Exception as e:  # a peer that fails on this shape is reported, not timed
+                lines.append(f"| {algo} | {shape} | {name} | failed: {type(e).__name__} | | | | | |")
+                print(lines[-1], flush=True)
+                continue
+            if err > 1e-4:
+                lines.append(f"| {algo} | {shape} | {name} | WRONG, not timed | | | | | {err:.1e} |")
+                print(lines[-1], flush=True)
+                continue
+            full = full_call_us(fn)
+            dev = _device_or_none(fn, full)
+            if ours is None:
+                ours = (full, dev)
+            ratio_dev = f"{dev / ours[1]:.1f}x" if dev is not None and ours[1] else "-"
+            lines.append(f"| {algo} | {shape} | {name} | {full:.1f} | {'-' if dev is None else f'{dev:.2f}'} | "
+                         f"{full / ours[0]:.1f}x | {ratio_dev} | "
+                         f"{'-' if dev is None else f'{floor / dev:.0%}'} | {err:.1e} |")
+            print(lines[-1], flush=True)
+            results.append(dict(algo=algo, R=R, T=T, impl=name, full=full, dev=dev, floor=floor))
+        del problem, impls
+        torch.cuda.empty_cache()
+        bar()
     if args.md:
         with open(args.md, "w") as f:
             f.write("\n".join(lines) + "\n")
+    if args.img:
+        plots(results, args.img)
+
+
+def _progress(total):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return lambda: None
+    bar = tqdm(total=total, desc="cells", file=sys.stderr)
+    return lambda: bar.update(1)
+
+
+def plots(results, folder):
+    """GAE device time vs T per implementation, and rl_triton's fraction of the floor per shape."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(folder, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    gae = [r for r in results if r["algo"] == "gae" and r["dev"] is not None]
+    for impl in dict.fromkeys(r["impl"] for r in gae):
+        pts = sorted((r["T"], r["dev"], f"{r['R']}x{r['T']}") for r in gae if r["impl"] == impl)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=impl)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("T (steps per row; rows vary, see the table)")
+    ax.set_ylabel("device time per call (us)")
+    ax.set_title("GAE, float32: device time vs T")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(folder, "gae_time_vs_T.png"), dpi=120)
+    fig, ax = plt.subplots(figsize=(9, 5))
+    ours = [r for r in results if r["impl"] == "rl_triton" and r["dev"]]
+    shapes = list(dict.fromkeys(f"{r['R']}x{r['T']}" for r in ours))
+    for k, algo in enumerate(dict.fromkeys(r["algo"] for r in ours)):
+        vals = {f"{r['R']}x{r['T']}": r["floor"] / r["dev"] for r in ours if r["algo"] == algo}
+        ax.bar([i + 0.11 * k for i in range(len(shapes))], [vals.get(s, 0) for s in shapes], 0.11, label=algo)
+    ax.set_xticks(range(len(shapes)), shapes, rotation=45, ha="right")
+    ax.axhline(0.8, color="k", lw=0.8, ls="--")
+    ax.set_ylabel("floor / device time")
+    ax.set_title("rl_triton: fraction of the copy-bandwidth floor")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(os.path.join(folder, "floor_fraction.png"), dpi=120)
 
 
 if __name__ == "__main__":

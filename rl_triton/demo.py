@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 import rl_triton as rt
+from rl_triton.core.scan import resolve_backend
 
 GAMMA = 0.99
 LMBDA = 0.95
@@ -266,19 +267,7 @@ class _Progress:
 
 def auto_backend_name(device: torch.device) -> str:
     """What backend="auto" runs on tensors of this device (docs/semantics.md, Backends)."""
-    try:
-        from rl_triton.core.scan import resolve_backend
-
-        return resolve_backend("auto", device)
-    except Exception:  # internal helper moved: fall back to the documented rule
-        pass
-    if device.type == "cuda":
-        return "triton"
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return "torch"
-    return "cpu"
+    return resolve_backend("auto", device)
 
 
 def print_table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> None:

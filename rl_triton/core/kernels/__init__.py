@@ -24,7 +24,6 @@ from ..signatures import N_OUT, kinds
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 try:
-    import triton
     import triton.language as tl
 
     from .builders import ALGORITHMS
