@@ -78,7 +78,7 @@ class _Call:
             if terminated is not None or truncated is not None:
                 self.done_mode = DONE_TERM_OR_TRUNC
 
-    def next_value_form(self, values, next_values, bootstrap_value) -> int:
+    def next_value_form(self, next_values, bootstrap_value) -> int:
         if next_values is not None:
             if bootstrap_value is not None:
                 raise ValueError(
@@ -126,7 +126,7 @@ class _Call:
         """Run a fused kernel; the outputs' ``[R, T]`` views are appended to ``args``."""
         rows = self.rows
         if torch.compiler.is_compiling():
-            tensors, numbers = ops.encode(name, args)
+            tensors, numbers = ops.encode(args)
             results = ops.fused(name, self.backend, self.cd, tensors, numbers, rows.ref, rows.tdim, len(self.out))
             results = tuple(r if o is None else o.copy_(r) for r, o in zip(results, self.out))
             return results if len(results) > 1 else results[0]
@@ -160,8 +160,9 @@ class _Call:
         return self.rows.rows(x).to(self.cd) if isinstance(x, torch.Tensor) else x
 
     def f_row(self, x):
-        zeros = torch.zeros(self.rows.R, dtype=self.cd, device=self.rows.device)
-        return zeros if x is None else self.rows.per_row(x).to(self.cd)
+        if x is None:
+            return torch.zeros(self.rows.R, dtype=self.cd, device=self.rows.device)
+        return self.rows.per_row(x).to(self.cd)
 
     def fused_flags(self):
         return self.r(self.term), self.r(self.done), self.r(self.trunc)
@@ -194,7 +195,7 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     c = _Call(rewards, "rewards", time_dim)
     c.value(values, "values")
     c.flags(terminated, truncated, done)
-    nv_mode = c.next_value_form(values, next_values, bootstrap_value)
+    nv_mode = c.next_value_form(next_values, bootstrap_value)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     fused = c.start(backend, out, 2)
     if c.empty:
@@ -279,7 +280,7 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     c.value(log_pi, "log_pi")
     c.value(log_mu, "log_mu")
     c.flags(terminated, truncated, done)
-    nv_mode = c.next_value_form(values, next_values, bootstrap_value)
+    nv_mode = c.next_value_form(next_values, bootstrap_value)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     rho_bar = inputs.check_threshold(rho_bar, "rho_bar")
     c_bar = inputs.check_threshold(c_bar, "c_bar")

@@ -12,7 +12,7 @@ import torch
 from .signatures import kinds
 
 
-def encode(name: str, args) -> tuple[list, list]:
+def encode(args) -> tuple[list, list]:
     """Kernel arguments as an op schema can carry them: a tensor list and a number list
     (NaN marks an absent input)."""
     tensors, numbers = [], []

@@ -155,13 +155,12 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
         rows.value(initial, "initial", shape=rows.row_shape)
     if out is not None:
         rows.check_out(out, "out")
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (alpha, beta, initial)):
+            raise ValueError("out= does not support autograd; call without out= to get gradients")
     backend = resolve_backend(backend, rows.device)
     cd = inputs.compute_dtype(alpha.dtype)
     a = rows.rows(alpha).to(cd)
     b = rows.rows(beta).to(cd)
     c = (rows.per_row(initial).to(cd) if initial is not None
          else torch.zeros(rows.R, dtype=cd, device=rows.device))
-    y = scan(a, b, c, reverse, backend)
-    if out is not None and y.requires_grad:
-        raise ValueError("out= does not support autograd; call without out= to get gradients")
-    return rows.deliver(y, out)
+    return rows.deliver(scan(a, b, c, reverse, backend), out)
