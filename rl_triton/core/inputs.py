@@ -25,7 +25,10 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def value_checks_on(device: torch.device) -> bool:
-    """Data-reading checks: on for CPU tensors, opt-in for accelerators (they would sync)."""
+    """Data-reading checks: on for CPU tensors, opt-in for accelerators (they would sync);
+    never inside a torch.compile trace (a data-dependent branch would break the graph)."""
+    if torch.compiler.is_compiling():
+        return False
     mode = os.environ.get("RL_TRITON_CHECK_VALUES", "auto").strip().lower()
     if mode in ("1", "true", "on", "yes"):
         return True

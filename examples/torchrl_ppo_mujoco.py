@@ -1,0 +1,179 @@
+"""PPO on a MuJoCo task (HalfCheetah-v5, batched envs) with TorchRL, its GAE either TorchRL's
+own or rl_triton's fused scan (rl_triton.integrations.torchrl.patch()).
+
+    python examples/torchrl_ppo_mujoco.py              # rl_triton's GAE
+    python examples/torchrl_ppo_mujoco.py --no-patch   # TorchRL's GAE (the default, loop path)
+    python examples/torchrl_ppo_mujoco.py --compare    # both, side by side
+
+Prints the median time per advantage-module call and per update phase, and writes timings.csv,
+episodes.csv (and returns.png when matplotlib is installed) under --out. The default budget
+finishes in a few minutes on a CPU. torchrl_impala_vtrace.py reuses the helpers here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+
+import torch
+from tensordict.nn import NormalParamExtractor, TensorDictModule
+from torch import nn
+from torchrl.collectors import Collector
+from torchrl.envs import Compose, DoubleToFloat, GymEnv, RewardSum, SerialEnv, TransformedEnv
+from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import rl_triton.integrations.torchrl as rt_torchrl  # noqa: E402
+
+ENV = "HalfCheetah-v5"
+
+
+def parse_args(description: str, frames: int, n_envs: int, steps: int, out: str):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--frames", type=int, default=frames, help="total environment frames")
+    p.add_argument("--n-envs", type=int, default=n_envs)
+    p.add_argument("--steps", type=int, default=steps, help="steps per env per batch")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=out)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--no-patch", action="store_true", help="TorchRL's own estimator only")
+    g.add_argument("--compare", action="store_true", help="TorchRL's, then rl_triton's")
+    return p.parse_args()
+
+
+def make_env(n_envs: int, seed: int):
+    env = TransformedEnv(SerialEnv(n_envs, lambda: GymEnv(ENV)), Compose(DoubleToFloat(), RewardSum()))
+    env.set_seed(seed)
+    return env
+
+
+def make_modules(env):
+    n_obs = env.observation_spec["observation"].shape[-1]
+    n_act = env.action_spec.shape[-1]
+    policy = TensorDictModule(
+        nn.Sequential(MLP(in_features=n_obs, out_features=2 * n_act, num_cells=[64, 64], activation_class=nn.Tanh),
+                      NormalParamExtractor()),
+        in_keys=["observation"], out_keys=["loc", "scale"],
+    )
+    spec = env.full_action_spec_unbatched[env.action_key]
+    actor = ProbabilisticActor(policy, in_keys=["loc", "scale"], spec=spec, distribution_class=TanhNormal,
+                               distribution_kwargs={"low": spec.space.low, "high": spec.space.high},
+                               return_log_prob=True)
+    critic = ValueOperator(MLP(in_features=n_obs, out_features=1, num_cells=[64, 64], activation_class=nn.Tanh),
+                           in_keys=["observation"])
+    return actor, critic
+
+
+def train(args, build, patch: bool, label: str):
+    """``build(env, actor, critic) -> (advantage_module, loss, update_fn)``; one run, timed."""
+    torch.manual_seed(args.seed)
+    (rt_torchrl.patch if patch else rt_torchrl.unpatch)()
+    try:
+        env = make_env(args.n_envs, args.seed)
+        actor, critic = make_modules(env)
+        adv_module, loss, update = build(env, actor, critic)
+        collector = Collector(env, actor, frames_per_batch=args.n_envs * args.steps,
+                                      total_frames=args.frames, auto_register_policy_transforms=False)
+        timings = {"advantage": [], "update": []}
+        episodes = []
+        frames = 0
+        for data in collector:  # [n_envs, steps]
+            if not frames:  # warm-up (numba compiles on the first call), not timed
+                with torch.no_grad():
+                    adv_module(data.clone())
+            frames += data.numel()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                adv_module(data)
+            timings["advantage"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            update(data)
+            timings["update"].append(time.perf_counter() - t0)
+            done = data["next", "done"]
+            for r in data["next", "episode_reward"][done].tolist():
+                episodes.append((label, frames, r))
+            collector.update_policy_weights_()
+        collector.shutdown()
+        cls = type(adv_module)
+        print(f"{label}: {len(timings['advantage'])} batches, estimator {cls.__module__}.{cls.__name__}, "
+              f"rl_triton patch active: {rt_torchrl.is_patched()}")
+        return timings, episodes
+    finally:
+        rt_torchrl.unpatch()
+
+
+def ppo_build(args):
+    def build(env, actor, critic):
+        from torchrl.objectives import ClipPPOLoss
+
+        loss = ClipPPOLoss(actor, critic, clip_epsilon=0.2, entropy_coeff=0.0, normalize_advantage=True)
+        adv_module = loss.value_estimator  # the registry's GAE: TorchRL's, or rl_triton's when patched
+        optim = torch.optim.Adam(loss.parameters(), lr=3e-4)
+
+        def update(data):
+            flat = data.reshape(-1)
+            for _ in range(4):
+                for idx in torch.randperm(flat.numel()).split(256):
+                    out = loss(flat[idx])
+                    total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+                    optim.zero_grad()
+                    total.backward()
+                    nn.utils.clip_grad_norm_(loss.parameters(), 1.0)
+                    optim.step()
+
+        return adv_module, loss, update
+
+    return build
+
+
+def report(results, out: str, title: str):
+    os.makedirs(out, exist_ok=True)
+    labels = list(results)
+    print(f"\n{title}: median ms per call")
+    print("| | " + " | ".join(labels) + " |")
+    print("|---|" + "---:|" * len(labels))
+    rows = []
+    for key in ("advantage", "update"):
+        cells = [1e3 * statistics.median(results[label][0][key]) for label in labels]
+        rows.append([key, *cells])
+        print(f"| {key} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    with open(os.path.join(out, "timings.csv"), "w", newline="") as f:
+        csv.writer(f).writerows([["phase", *labels], *rows])
+    with open(os.path.join(out, "episodes.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "frames", "episode_return"])
+        for label in labels:
+            w.writerows(results[label][1])
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label in labels:
+        eps = results[label][1]
+        ax.plot([e[1] for e in eps], [e[2] for e in eps], ".-", label=label)
+    ax.set(xlabel="frames", ylabel="episode return", title=title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "returns.png"))
+
+
+def main(description, build, title, frames, n_envs, steps, out):
+    args = parse_args(description, frames, n_envs, steps, out)
+    runs = [(False, "TorchRL")] if args.no_patch else [(True, "rl_triton")]
+    if args.compare:
+        runs = [(False, "TorchRL"), (True, "rl_triton")]
+    results = {label: train(args, build(args), patch, label) for patch, label in runs}
+    report(results, args.out, title)
+
+
+if __name__ == "__main__":
+    main(__doc__.splitlines()[0], ppo_build, f"TorchRL PPO, {ENV}", frames=40_960, n_envs=8, steps=512,
+         out="runs/torchrl_ppo_mujoco")
