@@ -26,7 +26,7 @@ import oracle  # noqa: E402
 SHAPES = [(4096, 128), (16384, 512), (32768, 8), (64, 8192), (8, 32768), (1, 131072), (3, 1000003),
           (257, 999), (2048, 64, "time-major")]
 QUICK_SHAPES = [(5, 40), (3, 300), (2, 7, "time-major")]
-ALGOS = ["gae", "gae_gym", "td_lambda", "discounted", "vtrace", "retrace", "retrace_pairs",
+ALGOS = ["gae", "gae_gym", "gae_obs", "td_lambda", "discounted", "vtrace", "retrace", "retrace_pairs",
          "eligibility", "cumsum", "scan_reverse", "scan_forward"]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float64: 1e-9}
 GAMMA, LMBDA = 0.99, 0.95
@@ -93,6 +93,8 @@ def expected(case, seed):
         return oracle.gae(d["r"], d["v"], oracle.implied_next_values(d["v"], d["boot"]), term, term, g, l)
     if algo == "gae_gym":
         return oracle.gae(d["r"], d["v"], d["nv"], term, done, d["gt"], l)
+    if algo == "gae_obs":  # observation-aligned: episode starts = term shifted forward, last done = term[:, -1]
+        return oracle.gae(d["r"], d["v"], oracle.implied_next_values(d["v"], d["boot"]), term, term, g, l)
     if algo == "td_lambda":
         return (oracle.td_lambda_return(d["r"], d["nv"], term, done, g, l),)
     if algo == "discounted":
@@ -127,7 +129,7 @@ def actual(case, seed, device):
         return torch.from_numpy(x).to(dtype).to(device)
 
     kw = dict(time_dim=0 if tm else -1, backend="triton")
-    n_out = 2 if algo in ("gae", "gae_gym", "vtrace") else 1
+    n_out = 2 if algo in ("gae", "gae_gym", "gae_obs", "vtrace") else 1
     shape = (T, R) if tm else (R, T)
     poison = [torch.full(shape, float("nan"), dtype=dtype, device=device) for _ in range(n_out)]
     kw["out"] = tuple(poison) if n_out == 2 else poison[0]
@@ -136,6 +138,10 @@ def actual(case, seed, device):
     r, v, nv = t(d["r"]), t(d["v"]), t(d["nv"])
     if algo == "gae":
         rt.gae(r, v, bootstrap_value=row(d["boot"]), terminated=term, gamma=GAMMA, lmbda=LMBDA, **kw)
+    elif algo == "gae_obs":
+        starts = np.concatenate([np.zeros((R, 1), bool), d["term"][:, :-1]], 1)
+        rt.gae(r, v, bootstrap_value=row(d["boot"]), episode_starts=t(starts.astype(np.float32), torch.float32),
+               last_done=torch.from_numpy(d["term"][:, -1]).to(device), gamma=GAMMA, lmbda=LMBDA, **kw)
     elif algo == "gae_gym":
         rt.gae(r, v, next_values=nv, terminated=term, truncated=trunc, gamma=t(d["gt"]), lmbda=LMBDA, **kw)
     elif algo == "td_lambda":

@@ -22,7 +22,7 @@ from . import coefficients as C
 
 AVAILABLE = nb is not None
 
-from .signatures import DONE_ARRAY, NV_EXPLICIT, kinds
+from .signatures import DONE_ARRAY, DONE_OBS_ALIGNED, NV_EXPLICIT, kinds
 
 
 if AVAILABLE:
@@ -37,9 +37,13 @@ if AVAILABLE:
     # helpers take scalars: passing arrays into a call in the loop costs reference counting
 
     @_inline
-    def _flags(term, done, trunc, done_mode):
-        k = term != 0
-        d = (done != 0) if done_mode == DONE_ARRAY else (k or trunc != 0)
+    def _flags(term, done, done_next, trunc, last_done, done_mode, last):
+        if done_mode == DONE_OBS_ALIGNED:
+            k = (last_done if last else done_next) != 0
+            d = k
+        else:
+            k = term != 0
+            d = (done != 0) if done_mode == DONE_ARRAY else (k or trunc != 0)
         return (0.0 if k else 1.0), (0.0 if d else 1.0)
 
     @_inline
@@ -49,12 +53,13 @@ if AVAILABLE:
         return boot if last else v_next
 
 
-def _gae(r, v, nv, boot, term, done, trunc, g, l, nv_mode, done_mode, adv, tgt):
+def _gae(r, v, nv, boot, term, done, trunc, last, g, l, nv_mode, done_mode, adv, tgt):
     R, T = r.shape
     for i in prange(R):
         acc = 0.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term[i, t], done[i, t], trunc[i, t], done_mode)
+            nterm, ndone = _flags(term[i, t], done[i, t], done[i, min(t + 1, T - 1)], trunc[i, t], last[i],
+                                  done_mode, t == T - 1)
             nvt = _next_value(nv[i, t], v[i, min(t + 1, T - 1)], boot[i], nv_mode, t == T - 1)
             a, b = _c_gae(r[i, t], v[i, t], nvt, nterm, ndone, g[i, t], l[i, t])
             acc = a + b * acc
@@ -62,36 +67,39 @@ def _gae(r, v, nv, boot, term, done, trunc, g, l, nv_mode, done_mode, adv, tgt):
             tgt[i, t] = acc + v[i, t]
 
 
-def _td_lambda(r, nv, term, done, trunc, g, l, done_mode, out):
+def _td_lambda(r, nv, term, done, trunc, last, g, l, done_mode, out):
     R, T = r.shape
     for i in prange(R):
         acc = nv[i, T - 1] * 1.0 if T > 0 else 0.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term[i, t], done[i, t], trunc[i, t], done_mode)
+            nterm, ndone = _flags(term[i, t], done[i, t], done[i, min(t + 1, T - 1)], trunc[i, t], last[i],
+                                  done_mode, t == T - 1)
             a, b = _c_td_lambda(r[i, t], nv[i, t], nterm, ndone, g[i, t], l[i, t])
             acc = a + b * acc
             out[i, t] = acc
 
 
-def _discounted(r, nv, carry, term, done, trunc, g, done_mode, out):
+def _discounted(r, nv, carry, term, done, trunc, last, g, done_mode, out):
     R, T = r.shape
     for i in prange(R):
         acc = carry[i] * 1.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term[i, t], done[i, t], trunc[i, t], done_mode)
+            nterm, ndone = _flags(term[i, t], done[i, t], done[i, min(t + 1, T - 1)], trunc[i, t], last[i],
+                                  done_mode, t == T - 1)
             a, b = _c_discounted(r[i, t], nv[i, t], nterm, ndone, g[i, t])
             acc = a + b * acc
             out[i, t] = acc
 
 
-def _vtrace(r, v, nv, boot, lp, lm, term, done, trunc, g, l, rho_bar, c_bar, rho_bar_pg,
+def _vtrace(r, v, nv, boot, lp, lm, term, done, trunc, last, g, l, rho_bar, c_bar, rho_bar_pg,
             nv_mode, done_mode, vs_out, pg_out):
     R, T = r.shape
     for i in prange(R):
         acc = 0.0
         vs_next = 0.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term[i, t], done[i, t], trunc[i, t], done_mode)
+            nterm, ndone = _flags(term[i, t], done[i, t], done[i, min(t + 1, T - 1)], trunc[i, t], last[i],
+                                  done_mode, t == T - 1)
             nvt = _next_value(nv[i, t], v[i, min(t + 1, T - 1)], boot[i], nv_mode, t == T - 1)
             ratio = np.exp(lp[i, t] * 1.0 - lm[i, t])
             rho = min(rho_bar, ratio)
@@ -105,14 +113,15 @@ def _vtrace(r, v, nv, boot, lp, lm, term, done, trunc, g, l, rho_bar, c_bar, rho
             vs_out[i, t] = vs_next
 
 
-def _retrace(r, q, lp, lm, ev, pi, nq, term, done, trunc, g, l, c_bar, ev_mode, done_mode, out):
+def _retrace(r, q, lp, lm, ev, pi, nq, term, done, trunc, last, g, l, c_bar, ev_mode, done_mode, out):
     R, T = r.shape
     A = pi.shape[2]
     for i in prange(R):
         acc = 0.0
         c_next = 0.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term[i, t], done[i, t], trunc[i, t], done_mode)
+            nterm, ndone = _flags(term[i, t], done[i, t], done[i, min(t + 1, T - 1)], trunc[i, t], last[i],
+                                  done_mode, t == T - 1)
             if ev_mode == 0:
                 evt = ev[i, t] * 1.0
             else:
@@ -163,7 +172,8 @@ def _kernel(name: str, dtype: np.dtype, parallel: bool):
         types = {
             "f1": nb.types.Array(ft, 1, "A", readonly=True), "f2": nb.types.Array(ft, 2, "A", readonly=True),
             "f3": nb.types.Array(ft, 3, "A", readonly=True),
-            "u2": nb.types.Array(nb.types.uint8, 2, "A", readonly=True), "o2": nb.types.Array(ft, 2, "A"),
+            "u2": nb.types.Array(nb.types.uint8, 2, "A", readonly=True),
+            "u1": nb.types.Array(nb.types.uint8, 1, "A", readonly=True), "o2": nb.types.Array(ft, 2, "A"),
             "s": nb.types.float64, "i": nb.types.int64, "b": nb.types.boolean,
         }
         sig = nb.types.void(*(types[k] for k in kinds(name, outputs="o2")))
@@ -194,13 +204,13 @@ def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
     if kind in ("s", "i", "b"):
         return x
     if not isinstance(x, torch.Tensor):
-        if kind == "u2":
-            return _constant(0, np.uint8, (rows, steps))
+        if kind in ("u1", "u2"):
+            return _constant(0, np.uint8, (rows, steps)[: int(kind[1])])
         shape = {"f1": (rows,), "f2": (rows, steps), "f3": (rows, steps, 1)}[kind]
         return _constant(0.0 if x is None else float(x), _NUMPY_DTYPES[dtype], shape)
     if x.requires_grad:  # the fused path runs with autograd off; numpy() refuses such tensors
         x = x.detach()
-    if kind == "u2":
+    if kind in ("u1", "u2"):
         if x.dtype in (torch.bool, torch.int8):
             return x.view(torch.uint8).numpy()
         return (x if x.dtype == torch.uint8 else (x != 0).view(torch.uint8)).numpy()

@@ -4,6 +4,11 @@ composed path (coefficients as torch ops, the differentiable scan, an epilogue).
 The composed path serves ``backend="torch"`` and every call where autograd needs gradients;
 the fused paths (numba on CPU, Triton on GPU) read the raw inputs once and write the outputs.
 Semantics: docs/semantics.md.
+
+Flags come transition-aligned (``terminated``/``truncated``, or ``done`` with optional
+``terminated``), or observation-aligned as SB3 and CleanRL keep them: ``episode_starts[t]``
+marks obs t as an episode's first, with ``last_done`` for the step after the window; then
+done[t] = episode_starts[t+1], done[T-1] = last_done, read in place, all terminations.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import torch
 
 from . import coefficients as C
 from . import cpu, inputs, ops, scan
-from .signatures import DONE_ARRAY, DONE_TERM_OR_TRUNC, NV_EXPLICIT, NV_IMPLIED
+from .signatures import DONE_ARRAY, DONE_OBS_ALIGNED, DONE_TERM_OR_TRUNC, NV_EXPLICIT, NV_IMPLIED
 
 _TRUNCATION_HELP = (
     "truncated steps bootstrap from the value of the final observation, which values[t+1] does "
@@ -29,7 +34,7 @@ class _Call:
         self.rows = inputs.Rows(ref, ref_name, time_dim, ref.dtype)
         self.cd = inputs.compute_dtype(ref.dtype)
         self.grad_inputs = [ref]
-        self.term = self.done = self.trunc = None
+        self.term = self.done = self.trunc = self.last_done = None
         self.done_mode = DONE_ARRAY
 
     # -- validation ----------------------------------------------------------------------
@@ -49,8 +54,11 @@ class _Call:
             self.grad_inputs.append(x)
         return x
 
-    def flags(self, terminated, truncated, done, *, align=False):
-        """Canonical flags: term_eff = terminated or done; done_eff = done or term | trunc."""
+    def flags(self, terminated, truncated, done, *, episode_starts=None, last_done=None, align=False):
+        """Canonical flags: term_eff = terminated or done; done_eff = done or term | trunc; or the
+        observation-aligned pair (episode_starts, last_done), read shifted by one step in place."""
+        if episode_starts is not None or last_done is not None:
+            return self._observation_aligned(terminated, truncated, done, episode_starts, last_done)
         if align:
             terminated, truncated, done = (
                 inputs.align_leading(f, self.rows.ref.ndim, self.rows.tdim) for f in (terminated, truncated, done)
@@ -77,6 +85,26 @@ class _Call:
             self.term, self.trunc = terminated, truncated
             if terminated is not None or truncated is not None:
                 self.done_mode = DONE_TERM_OR_TRUNC
+
+    def _observation_aligned(self, terminated, truncated, done, episode_starts, last_done):
+        if episode_starts is None or last_done is None:
+            raise ValueError("episode_starts and last_done go together (done[t] = episode_starts[t+1], "
+                             "done[T-1] = last_done)")
+        if terminated is not None or truncated is not None or done is not None:
+            raise ValueError("pass either episode_starts with last_done (observation-aligned) or "
+                             "terminated/truncated/done (transition-aligned), not both")
+        self.done = self.rows.flag(episode_starts, "episode_starts")
+        inputs.check_tensor(last_done, "last_done", dtypes=inputs.FLAG_DTYPES, kind="a bool, integer or float")
+        self.rows.check_broadcast(last_done, "last_done", self.rows.row_shape)
+        if last_done.device != self.rows.device:
+            raise ValueError(f"last_done is on {last_done.device} but {self.rows.ref_name} is on {self.rows.device}")
+        if inputs.value_checks_on(self.rows.device):
+            for name, f in (("episode_starts", self.done), ("last_done", last_done)):
+                if f.dtype != torch.bool and not bool(((f == 0) | (f == 1)).all()):
+                    raise ValueError(f"{name} must hold only 0 and 1")
+        self.last_done = last_done
+        self.done_mode = DONE_OBS_ALIGNED
+        self.maybe_truncated = False
 
     def next_value_form(self, next_values, bootstrap_value) -> int:
         if next_values is not None:
@@ -165,10 +193,15 @@ class _Call:
         return self.rows.per_row(x).to(self.cd)
 
     def fused_flags(self):
-        return self.r(self.term), self.r(self.done), self.r(self.trunc)
+        """The kernels' flag group: terminated, done, truncated ([R, T]) and last done ([R])."""
+        return self.r(self.term), self.r(self.done), self.r(self.trunc), self.r_row(self.last_done)
 
     def composed_flags(self):
         """(1 - terminated, 1 - done) as float ``[R, T]`` tensors."""
+        if self.done_mode == DONE_OBS_ALIGNED:
+            done = torch.cat([self.r(self.done)[:, 1:] != 0, self.r_row(self.last_done)[:, None] != 0], 1)
+            nd = 1.0 - done.to(self.cd)
+            return nd, nd
         zeros = torch.zeros((), dtype=torch.bool, device=self.rows.device).expand(self.rows.R, self.rows.T)
         term = self.r(self.term) != 0 if self.term is not None else zeros
         if self.done is not None:
@@ -184,7 +217,8 @@ class _Call:
 
 
 def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=None, truncated=None,
-        done=None, gamma=0.99, lmbda=0.95, time_dim=-1, backend=None, out=None):
+        done=None, gamma=0.99, lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None,
+        last_done=None):
     """Generalized advantage estimation.
 
     delta[t] = r[t] + gamma*(1-terminated[t])*V(s_{t+1}) - V(s_t)
@@ -194,7 +228,7 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     """
     c = _Call(rewards, "rewards", time_dim)
     c.value(values, "values")
-    c.flags(terminated, truncated, done)
+    c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     nv_mode = c.next_value_form(next_values, bootstrap_value)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     fused = c.start(backend, out, 2)
@@ -212,7 +246,7 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
 
 
 def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, done=None, gamma=0.99,
-                     lmbda=0.95, time_dim=-1, backend=None, out=None):
+                     lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None):
     """TD(lambda) return, restarting at every done and bootstrapping at truncations and the window end.
 
     G[t] = r[t] + gamma*(1-terminated[t])*((1-lmbda)*V(s_{t+1}) + lmbda*G'[t+1]),
@@ -220,7 +254,7 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     """
     c = _Call(rewards, "rewards", time_dim)
     c.value(next_values, "next_values")
-    c.flags(terminated, truncated, done)
+    c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     fused = c.start(backend, out, 1)
     if c.empty:
@@ -235,14 +269,15 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
 
 
 def discounted_return(rewards, *, terminated=None, truncated=None, done=None, next_values=None,
-                      bootstrap_value=None, gamma=0.99, time_dim=-1, backend=None, out=None):
+                      bootstrap_value=None, gamma=0.99, time_dim=-1, backend=None, out=None, episode_starts=None,
+                      last_done=None):
     """Discounted reward-to-go within episodes.
 
     R[t] = r[t] + gamma*(1-terminated[t])*(R[t+1] if not done[t] else V(s_{t+1})),
     R[T] = bootstrap_value if given, else next_values[T-1] if given, else 0 (Monte Carlo).
     """
     c = _Call(rewards, "rewards", time_dim)
-    c.flags(terminated, truncated, done)
+    c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     if next_values is not None and bootstrap_value is not None:
         raise ValueError("pass either next_values or bootstrap_value, not both")
     c.value(next_values, "next_values", optional=True)
@@ -267,7 +302,7 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
 
 def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value=None, terminated=None,
            truncated=None, done=None, gamma=0.99, lmbda=1.0, rho_bar=1.0, c_bar=1.0, rho_bar_pg=None,
-           time_dim=-1, backend=None, out=None):
+           time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None):
     """V-trace targets and policy-gradient advantages (IMPALA).
 
     ratio = exp(log_pi - log_mu), rho = min(rho_bar, ratio), c = lmbda*min(c_bar, ratio)
@@ -279,7 +314,7 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     c.value(values, "values")
     c.value(log_pi, "log_pi")
     c.value(log_mu, "log_mu")
-    c.flags(terminated, truncated, done)
+    c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     nv_mode = c.next_value_form(next_values, bootstrap_value)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     rho_bar = inputs.check_threshold(rho_bar, "rho_bar")
@@ -306,7 +341,7 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
 
 def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=None, next_q=None,
             terminated=None, truncated=None, done=None, gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1,
-            backend=None, out=None):
+            backend=None, out=None, episode_starts=None, last_done=None):
     """Retrace(lambda) targets for Q(s_t, a_t) (Munos et al. 2016).
 
     c[t] = lmbda*min(c_bar, exp(log_pi[t] - log_mu[t])), c[T] = 0;
@@ -331,7 +366,7 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
             raise ValueError(f"next_pi has {next_pi.shape[-1]} actions but next_q has {next_q.shape[-1]}")
     else:
         c.value(next_expected_q, "next_expected_q")
-    c.flags(terminated, truncated, done)
+    c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     c_bar = inputs.check_threshold(c_bar, "c_bar")
     pair = next_expected_q is None

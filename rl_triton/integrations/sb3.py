@@ -15,9 +15,9 @@ default runs the CPU backend on those arrays in place. ``device="cuda"`` (or a b
 does so when CUDA is available and the buffer holds at least ``gpu_min_elements`` steps.
 
 Conventions mapped here (docs/semantics.md, section 4): ``episode_starts[t]`` marks obs t as
-the first of an episode, so done[t] = episode_starts[t+1] and done[T-1] = ``dones``; SB3 folds
-the time-limit bootstrap into the rewards, so every done is a termination; V(s_T) is
-``last_values``. Advantages are written into ``self.advantages`` in place and ``self.returns``
+the first of an episode and ``dones`` closes the window: rl_triton's observation-aligned flags,
+read in place (done[t] = episode_starts[t+1], done[T-1] = ``dones``, all terminations, as SB3
+folds the time-limit bootstrap into the rewards); V(s_T) is ``last_values``. Advantages are written into ``self.advantages`` in place and ``self.returns``
 is rebound to a new array (advantages + values), as SB3 does.
 """
 
@@ -47,21 +47,21 @@ def _target_device(name, n_elements: int) -> torch.device:
 def compute_returns_and_advantage(self, last_values: torch.Tensor, dones: np.ndarray) -> None:
     """GAE over the buffer (SB3's semantics) as one fused scan; see the module docstring."""
     T, N = self.rewards.shape
-    done = np.empty((T, N), dtype=np.bool_)
-    np.not_equal(self.episode_starts[1:], 0, out=done[:-1])
-    done[-1] = np.asarray(dones).reshape(N) != 0
-    last = last_values.detach().reshape(N)
     returns = np.empty_like(self.values)
     device = _target_device(getattr(self, "gae_device", None) or _settings["device"], T * N)
-    arrays = [torch.from_numpy(a) for a in (self.rewards, self.values, done)]
-    kw = dict(bootstrap_value=last.to(device=device, dtype=arrays[0].dtype), gamma=float(self.gamma),
-              lmbda=float(self.gae_lambda), time_dim=0)
+    # SB3 keeps the flags as float32; one byte per flag is what the kernels read fastest (and
+    # what a GPU copy moves), so they are compared with 0 once on the way in
+    starts, last = self.episode_starts != 0, np.asarray(dones).reshape(N) != 0
+    arrays = [torch.from_numpy(a) for a in (self.rewards, self.values, starts, last)]
+    kw = dict(bootstrap_value=last_values.detach().reshape(N).to(device=device, dtype=arrays[0].dtype),
+              gamma=float(self.gamma), lmbda=float(self.gae_lambda), time_dim=0)
     if device.type == "cpu":
-        rewards, values, done_t = arrays
-        gae(rewards, values, done=done_t, out=(torch.from_numpy(self.advantages), torch.from_numpy(returns)), **kw)
+        rewards, values, starts, last = arrays
+        gae(rewards, values, episode_starts=starts, last_done=last,
+            out=(torch.from_numpy(self.advantages), torch.from_numpy(returns)), **kw)
     else:
-        rewards, values, done_t = (a.to(device, non_blocking=True) for a in arrays)
-        adv, _ = gae(rewards, values, done=done_t, **kw)
+        rewards, values, starts, last = (a.to(device, non_blocking=True) for a in arrays)
+        adv, _ = gae(rewards, values, episode_starts=starts, last_done=last, **kw)
         np.copyto(self.advantages, adv.cpu().numpy())
     # SB3's own expression, so that returns == advantages + values holds to the bit
     self.returns = np.add(self.advantages, self.values, out=returns)

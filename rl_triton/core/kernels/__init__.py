@@ -112,7 +112,7 @@ def _scalar(x) -> float:
 
 def _pack(kind: str, x):
     """One argument in the engine's form: strided views as tuples, constants as (None, value)."""
-    if kind in ("u2", "f1", "f2", "f3") and isinstance(x, torch.Tensor):
+    if kind in ("u1", "u2", "f1", "f2", "f3") and isinstance(x, torch.Tensor):
         return (x, *x.stride())
     if kind == "f2" and x is not None:
         return (None, _scalar(x))

@@ -35,13 +35,22 @@ def _not(flag, ACC: tl.constexpr):
 
 
 @triton.jit
-def _flags(term, done, trunc, rows, t, mask, ACC: tl.constexpr):
-    """(1 - terminated, 1 - done); done = the done array, else terminated | truncated."""
-    k = load_flag(term, rows, t, mask)
-    if done is not None:
-        d = load_flag(done, rows, t, mask)
+def _flags(term, done, trunc, last, rows, t, mask, T, ACC: tl.constexpr):
+    """(1 - terminated, 1 - done); done = the done array, else terminated | truncated; with a
+    last-done input, observation-aligned: done[t] = episode_starts[t+1] (the ``done`` slot),
+    last_done at t = T-1, every done a termination."""
+    if last is not None:
+        is_last = (t == T - 1)[None, :]
+        following = load_flag(done, rows, t + 1, mask & ~is_last)
+        edge = tl.load(last[0] + rows[:, None].to(tl.int64) * last[1] + 0 * t[None, :], mask=mask & is_last, other=0)
+        d = tl.where(is_last, edge != 0, following)
+        k = d
     else:
-        d = k | load_flag(trunc, rows, t, mask)
+        k = load_flag(term, rows, t, mask)
+        if done is not None:
+            d = load_flag(done, rows, t, mask)
+        else:
+            d = k | load_flag(trunc, rows, t, mask)
     return _not(k, ACC), _not(d, ACC)
 
 
@@ -65,14 +74,14 @@ def zero_init(ins, rows, rmask, T, ACC: tl.constexpr):
     return tl.zeros((rows.shape[0],), ACC)
 
 
-# -- GAE: r, v, nv, boot, term, done, trunc, g, l | adv, target ---------------------------
+# -- GAE: r, v, nv, boot, term, done, trunc, last_done, g, l | adv, target ---------------------------
 @triton.jit
 def gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     v = load(ins[1], rows, t, mask, ACC)
     nv = _next_value(ins[2], ins[1], ins[3], rows, t, mask, T, ACC)
-    nterm, ndone = _flags(ins[4], ins[5], ins[6], rows, t, mask, ACC)
-    g = coef(ins[7], rows, t, mask, ACC)
-    l = coef(ins[8], rows, t, mask, ACC)
+    nterm, ndone = _flags(ins[4], ins[5], ins[6], ins[7], rows, t, mask, T, ACC)
+    g = coef(ins[8], rows, t, mask, ACC)
+    l = coef(ins[9], rows, t, mask, ACC)
     alpha, beta = _gae(load(ins[0], rows, t, mask, ACC), v, nv, nterm, ndone, g, l)
     return alpha, beta, v
 
@@ -83,12 +92,12 @@ def gae_store(ins, outs, rows, t, mask, y, y_prev, v, T, ACC: tl.constexpr):
     store(outs[1], rows, t, mask, y + v)
 
 
-# -- TD(lambda): r, nv, term, done, trunc, g, l | returns; carry nv[T-1] --------------------
+# -- TD(lambda): r, nv, term, done, trunc, last_done, g, l | returns; carry nv[T-1] --------------------
 @triton.jit
 def td_lambda_build(ins, rows, t, mask, T, ACC: tl.constexpr):
-    nterm, ndone = _flags(ins[2], ins[3], ins[4], rows, t, mask, ACC)
+    nterm, ndone = _flags(ins[2], ins[3], ins[4], ins[5], rows, t, mask, T, ACC)
     alpha, beta = _td_lambda(load(ins[0], rows, t, mask, ACC), load(ins[1], rows, t, mask, ACC),
-                             nterm, ndone, coef(ins[5], rows, t, mask, ACC), coef(ins[6], rows, t, mask, ACC))
+                             nterm, ndone, coef(ins[6], rows, t, mask, ACC), coef(ins[7], rows, t, mask, ACC))
     return alpha, beta, 0
 
 
@@ -103,12 +112,12 @@ def store_y(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
     store(outs[0], rows, t, mask, y)
 
 
-# -- discounted return: r, nv, carry, term, done, trunc, g | returns ----------------------
+# -- discounted return: r, nv, carry, term, done, trunc, last_done, g | returns ----------------------
 @triton.jit
 def discounted_build(ins, rows, t, mask, T, ACC: tl.constexpr):
-    nterm, ndone = _flags(ins[3], ins[4], ins[5], rows, t, mask, ACC)
+    nterm, ndone = _flags(ins[3], ins[4], ins[5], ins[6], rows, t, mask, T, ACC)
     alpha, beta = _discounted(load(ins[0], rows, t, mask, ACC), load(ins[1], rows, t, mask, ACC),
-                              nterm, ndone, coef(ins[6], rows, t, mask, ACC))
+                              nterm, ndone, coef(ins[7], rows, t, mask, ACC))
     return alpha, beta, 0
 
 
@@ -117,20 +126,20 @@ def carry_init_2(ins, rows, rmask, T, ACC: tl.constexpr):
     return load_row(ins[2], rows, rmask, ACC)
 
 
-# -- V-trace: r, v, nv, boot, log_pi, log_mu, term, done, trunc, g, l, rho_bar, c_bar,
+# -- V-trace: r, v, nv, boot, log_pi, log_mu, term, done, trunc, last_done, g, l, rho_bar, c_bar,
 #    rho_bar_pg | vs, pg_advantages --------------------------------------------------------
 @triton.jit
 def vtrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     r = load(ins[0], rows, t, mask, ACC)
     v = load(ins[1], rows, t, mask, ACC)
     nv = _next_value(ins[2], ins[1], ins[3], rows, t, mask, T, ACC)
-    nterm, ndone = _flags(ins[6], ins[7], ins[8], rows, t, mask, ACC)
-    g = coef(ins[9], rows, t, mask, ACC)
+    nterm, ndone = _flags(ins[6], ins[7], ins[8], ins[9], rows, t, mask, T, ACC)
+    g = coef(ins[10], rows, t, mask, ACC)
     ratio = tl.exp(load(ins[4], rows, t, mask, ACC) - load(ins[5], rows, t, mask, ACC))
-    rho = tl.minimum(ratio, ins[11])
-    c = coef(ins[10], rows, t, mask, ACC) * tl.minimum(ratio, ins[12])
+    rho = tl.minimum(ratio, ins[12])
+    c = coef(ins[11], rows, t, mask, ACC) * tl.minimum(ratio, ins[13])
     alpha, beta = _vtrace(r, v, nv, nterm, ndone, g, rho, c)
-    return alpha, beta, (r, v, nv, nterm, ndone, g, tl.minimum(ratio, ins[13]))
+    return alpha, beta, (r, v, nv, nterm, ndone, g, tl.minimum(ratio, ins[14]))
 
 
 @triton.jit
@@ -143,12 +152,12 @@ def vtrace_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr)
     store(outs[1], rows, t, mask, _vtrace_pg(r, v, vs_next, nterm, g, rho_pg))
 
 
-# -- Retrace: r, q, log_pi, log_mu, ev, pi, next_q, term, done, trunc, g, l, c_bar | q_ret
+# -- Retrace: r, q, log_pi, log_mu, ev, pi, next_q, term, done, trunc, last_done, g, l, c_bar | q_ret
 #    (pi and next_q arrive as (tensor, strides..., A))
 @triton.jit
 def _trace_coef(ins, rows, t, mask, ACC: tl.constexpr):
     ratio = tl.exp(load(ins[2], rows, t, mask, ACC) - load(ins[3], rows, t, mask, ACC))
-    return coef(ins[11], rows, t, mask, ACC) * tl.minimum(ratio, ins[12])
+    return coef(ins[12], rows, t, mask, ACC) * tl.minimum(ratio, ins[13])
 
 
 @triton.jit
@@ -165,11 +174,11 @@ def retrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
         for a in range(pi[4]):
             p = tl.load(pi[0] + base + a * pi[3], mask=mask, other=0.0).to(ACC)
             ev += p * tl.load(nq[0] + base_q + a * nq[3], mask=mask, other=0.0).to(ACC)
-    nterm, ndone = _flags(ins[7], ins[8], ins[9], rows, t, mask, ACC)
+    nterm, ndone = _flags(ins[7], ins[8], ins[9], ins[10], rows, t, mask, T, ACC)
     nxt = mask & (t + 1 < T)[None, :]
     c_next = tl.where(nxt, _trace_coef(ins, rows, t + 1, nxt, ACC), 0.0)
     alpha, beta = _retrace(load(ins[0], rows, t, mask, ACC), q, ev, nterm, ndone,
-                           coef(ins[10], rows, t, mask, ACC), c_next)
+                           coef(ins[11], rows, t, mask, ACC), c_next)
     return alpha, beta, q
 
 
