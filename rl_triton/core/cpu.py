@@ -196,6 +196,23 @@ def _constant(value: float, np_dtype, shape: tuple):
     return np.broadcast_to(np.array(value, dtype=np_dtype), shape)
 
 
+if AVAILABLE:
+
+    @nb.njit(cache=True, nogil=True)
+    def _all_binary(a):
+        for i in range(a.size):
+            if a[i] != 0 and a[i] != 1:
+                return False
+        return True
+
+
+def all_binary(x: torch.Tensor) -> bool:
+    """True when every element of a flag tensor is 0 or 1 (one pass, no temporaries on CPU)."""
+    if AVAILABLE and x.device.type == "cpu" and x.dtype not in (torch.float16, torch.bfloat16):
+        return bool(_all_binary(x.detach().reshape(-1).numpy()))
+    return bool(((x == 0) | (x == 1)).all())
+
+
 def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
     """One kernel argument from the estimators' form (tensor, None or number) to numba's.
 

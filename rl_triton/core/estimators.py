@@ -73,7 +73,7 @@ class _Call:
             )
         if inputs.value_checks_on(self.rows.device):
             for name, f in (("terminated", terminated), ("truncated", truncated), ("done", done)):
-                if f is not None and f.dtype != torch.bool and not bool(((f == 0) | (f == 1)).all()):
+                if f is not None and f.dtype != torch.bool and not cpu.all_binary(f):
                     raise ValueError(f"{name} must hold only 0 and 1")
             if terminated is not None and done is not None and bool(((terminated != 0) & (done == 0)).any()):
                 raise ValueError("terminated is set at a step where done is not; done must include terminations")
@@ -100,7 +100,7 @@ class _Call:
             raise ValueError(f"last_done is on {last_done.device} but {self.rows.ref_name} is on {self.rows.device}")
         if inputs.value_checks_on(self.rows.device):
             for name, f in (("episode_starts", self.done), ("last_done", last_done)):
-                if f.dtype != torch.bool and not bool(((f == 0) | (f == 1)).all()):
+                if f.dtype != torch.bool and not cpu.all_binary(f):
                     raise ValueError(f"{name} must hold only 0 and 1")
         self.last_done = last_done
         self.done_mode = DONE_OBS_ALIGNED
