@@ -10,8 +10,8 @@ which the GPU path is faster: the value for ``rl_triton.integrations.sb3``'s
 """
 
 import argparse
-import statistics
-import time
+import os
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -20,17 +20,10 @@ from stable_baselines3.common.buffers import RolloutBuffer
 
 import rl_triton.integrations.sb3 as rt_sb3
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run import median_us  # noqa: E402
+
 SIZES = "128x8,512x8,2048x8,2048x64,2048x256,2048x1024,4096x2048,8192x4096"
-
-
-def median_us(fn, min_time=0.3, min_calls=5):
-    fn()
-    times, start = [], time.perf_counter()
-    while len(times) < min_calls or time.perf_counter() - start < min_time:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
 
 
 def main():

@@ -71,10 +71,7 @@ class _Call:
                 "pass either truncated (gymnasium style, with terminated) or done (TorchRL style, "
                 "with optional terminated), not truncated together with done"
             )
-        if inputs.value_checks_on(self.rows.device):
-            for name, f in (("terminated", terminated), ("truncated", truncated), ("done", done)):
-                if f is not None and f.dtype != torch.bool and not cpu.all_binary(f):
-                    raise ValueError(f"{name} must hold only 0 and 1")
+        if self._check_binary(terminated=terminated, truncated=truncated, done=done):
             if terminated is not None and done is not None and bool(((terminated != 0) & (done == 0)).any()):
                 raise ValueError("terminated is set at a step where done is not; done must include terminations")
         self.maybe_truncated = truncated is not None or (done is not None and terminated is not None)
@@ -86,6 +83,15 @@ class _Call:
             if terminated is not None or truncated is not None:
                 self.done_mode = DONE_TERM_OR_TRUNC
 
+    def _check_binary(self, **flags) -> bool:
+        """Data check that flags hold only 0 and 1; returns whether value checks are on."""
+        if not inputs.value_checks_on(self.rows.device):
+            return False
+        for name, f in flags.items():
+            if f is not None and f.dtype != torch.bool and not cpu.all_binary(f):
+                raise ValueError(f"{name} must hold only 0 and 1")
+        return True
+
     def _observation_aligned(self, terminated, truncated, done, episode_starts, last_done):
         if episode_starts is None or last_done is None:
             raise ValueError("episode_starts and last_done go together (done[t] = episode_starts[t+1], "
@@ -94,15 +100,8 @@ class _Call:
             raise ValueError("pass either episode_starts with last_done (observation-aligned) or "
                              "terminated/truncated/done (transition-aligned), not both")
         self.done = self.rows.flag(episode_starts, "episode_starts")
-        inputs.check_tensor(last_done, "last_done", dtypes=inputs.FLAG_DTYPES, kind="a bool, integer or float")
-        self.rows.check_broadcast(last_done, "last_done", self.rows.row_shape)
-        if last_done.device != self.rows.device:
-            raise ValueError(f"last_done is on {last_done.device} but {self.rows.ref_name} is on {self.rows.device}")
-        if inputs.value_checks_on(self.rows.device):
-            for name, f in (("episode_starts", self.done), ("last_done", last_done)):
-                if f.dtype != torch.bool and not cpu.all_binary(f):
-                    raise ValueError(f"{name} must hold only 0 and 1")
-        self.last_done = last_done
+        self.last_done = self.rows.flag(last_done, "last_done", shape=self.rows.row_shape)
+        self._check_binary(episode_starts=self.done, last_done=self.last_done)
         self.done_mode = DONE_OBS_ALIGNED
         self.maybe_truncated = False
 

@@ -105,12 +105,13 @@ class Rows:
         self.check_broadcast(x, name, self.shape if shape is None else shape)
         return x
 
-    def flag(self, x, name: str) -> torch.Tensor | None:
+    def flag(self, x, name: str, *, shape=None) -> torch.Tensor | None:
+        """A flag input: any bool/int/float dtype, broadcastable to ``shape`` (default: per step)."""
         if x is None:
             return None
         check_tensor(x, name, dtypes=FLAG_DTYPES, kind="a bool, integer or float")
         self._same_device(x, name)
-        self.check_broadcast(x, name, self.shape)
+        self.check_broadcast(x, name, self.shape if shape is None else shape)
         return x
 
     def coefficient(self, x, name: str):
