@@ -204,6 +204,39 @@ def check_compile_and_graphs(device):
     return lines
 
 
+def check_launch_cache(device):
+    """Repeated calls with the same shape but other alignment and strides: the cached direct
+    launches must pick the kernel Triton's dispatch would (misaligned data by a storage offset,
+    transposed strides), in the single-pass and the split regimes."""
+    import rl_triton as rt
+
+    worst = 0.0
+    for R, T in ((64, 300), (2, 20000)):
+        g, l = np.full((R, T), hyper(GAMMA, torch.float32)), np.full((R, T), hyper(LMBDA, torch.float32))
+
+        def inputs(variant, seed):
+            torch.manual_seed(seed)
+            made = []
+            for dtype in (torch.float32, torch.float32, torch.bool):
+                if variant == "offset":  # data pointers 1 element past an allocation's start
+                    x = torch.empty(R * T + 1, dtype=dtype, device=device)[1:].view(R, T)
+                elif variant == "transposed":
+                    x = torch.empty(T, R, dtype=dtype, device=device).t()
+                else:
+                    x = torch.empty(R, T, dtype=dtype, device=device)
+                x.copy_(torch.rand(R, T, device=device) < 0.02 if dtype == torch.bool else torch.randn(R, T))
+                made.append(x)
+            return made
+
+        for seed, variant in enumerate(["plain", "offset", "plain", "transposed", "offset", "plain"] * 2):
+            r, v, d = inputs(variant, seed)
+            adv = rt.gae(r, v, done=d, gamma=GAMMA, lmbda=LMBDA)[0]
+            vn, dn = v.double().cpu().numpy(), d.cpu().numpy()
+            ref = oracle.gae(r.double().cpu().numpy(), vn, oracle.implied_next_values(vn), dn, dn, g, l)[0]
+            worst = max(worst, rel_err(adv.double().cpu().numpy(), ref))
+    return worst
+
+
 def check_direction(device, lengths):
     import rl_triton as rt
 
@@ -250,6 +283,9 @@ def main():
     print(f"{'ok  ' if direction <= 1e-5 else 'FAIL'} scan direction (reverse and forward, T in {lengths}): "
           f"rel err {direction:.1e}")
     failures += direction > 1e-5
+    cache = check_launch_cache(device)
+    print(f"{'ok  ' if cache <= 1e-5 else 'FAIL'} repeated launches across alignments and strides: rel err {cache:.1e}")
+    failures += cache > 1e-5
     for name, err in check_compile_and_graphs(device):
         ok = err <= 1e-5
         failures += not ok

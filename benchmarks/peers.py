@@ -158,7 +158,7 @@ class Problem:
     def _torchrl(self, loops: bool) -> dict:
         try:
             from torchrl.objectives.value import functional as trl
-        except ImportError:
+        except Exception:  # not installed, or built for another torch
             return {}
         col = lambda t: t[..., None]  # noqa: E731  TorchRL's [B, T, 1]
         r, v, d = col(self.r), col(self.v), col(self.done)

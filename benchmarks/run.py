@@ -114,6 +114,9 @@ def copy_bandwidth_tbs():
     return 2 * n * 4 / min(torch_copy, tri_copy) / 1e6
 
 
+# max |y - ref| / (1 + |ref|) against the float64 oracle on inputs rounded to the dtype
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
 CPU_SHAPES = [(2048, 8), (2048, 1), (128, 8), (2048, 64)]
 
 
@@ -204,6 +207,8 @@ def main():
     p.add_argument("--md", help="also write the table to this markdown file")
     p.add_argument("--img", help="GPU: folder for the PNG plots")
     p.add_argument("--no-peers", action="store_true", help="GPU: time rl_triton only")
+    p.add_argument("--dtypes", default="float32,bfloat16",
+                   help="GPU: input dtypes; peers are timed in float32 only (bfloat16 rows: rl_triton alone)")
     p.add_argument("--compiled-peers", default="gae",
                    help="GPU: algorithms that also get the torch.compile peers (each shape compiles)")
     args = p.parse_args()
@@ -231,31 +236,34 @@ def gpu_main(args):
     lines = [f"Device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}",
              f"Copy bandwidth (read + write): {bw:.2f} TB/s; empty Triton kernel: full call {empty_full:.1f} us, "
              f"replay {empty_dev:.2f} us", "",
-             "| algorithm | rows x T | implementation | full call us | device us | full / ours | device / ours "
-             "| floor / device | max error |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| algorithm | dtype | rows x T | implementation | full call us | device us | full / ours "
+             "| device / ours | floor / device | max error |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     results = []
-    cells = [(a, s) for a in args.algos.split(",") for s in args.shapes.split(",")]
+    cells = [(a, d, s) for a in args.algos.split(",") for d in args.dtypes.split(",") for s in args.shapes.split(",")]
     bar = _progress(len(cells))
-    for algo, shape in cells:
+    for algo, dtype_name, shape in cells:
         R, T = map(int, shape.split("x"))
+        dtype = getattr(torch, dtype_name)
         torch._dynamo.reset()  # compiled peers: no cache reuse across shapes
-        problem = Problem(algo, R, T)
+        problem = Problem(algo, R, T, dtype=dtype)
         expected = problem.expected(rows=4)
         floor = problem.nbytes / (bw * 1e6)
-        peers = {} if args.no_peers else problem.peers(compiled=algo in args.compiled_peers.split(","))
+        with_peers = not args.no_peers and dtype == torch.float32
+        peers = problem.peers(compiled=algo in args.compiled_peers.split(",")) if with_peers else {}
         impls = {"rl_triton": problem.call, **peers}
         ours = None
+        cell = f"| {algo} | {dtype_name} | {shape} |"
         for name, fn in impls.items():
             try:
                 err = max_error(fn(), expected)
             except Exception as e:  # a peer that fails on this shape is reported, not timed
-                lines.append(f"| {algo} | {shape} | {name} | failed: {type(e).__name__} | | | | | |")
+                lines.append(f"{cell} {name} | failed: {type(e).__name__} | | | | | |")
                 print(lines[-1], flush=True)
                 continue
-            if err > 1e-4:
-                lines.append(f"| {algo} | {shape} | {name} | WRONG, not timed | | | | | {err:.1e} |")
+            if err > TOLERANCE[dtype]:
+                lines.append(f"{cell} {name} | WRONG, not timed | | | | | {err:.1e} |")
                 print(lines[-1], flush=True)
                 continue
             full = full_call_us(fn)
@@ -263,19 +271,43 @@ def gpu_main(args):
             if ours is None:
                 ours = (full, dev)
             ratio_dev = f"{dev / ours[1]:.1f}x" if dev is not None and ours[1] else "-"
-            lines.append(f"| {algo} | {shape} | {name} | {full:.1f} | {'-' if dev is None else f'{dev:.2f}'} | "
+            lines.append(f"{cell} {name} | {full:.1f} | {'-' if dev is None else f'{dev:.2f}'} | "
                          f"{full / ours[0]:.1f}x | {ratio_dev} | "
                          f"{'-' if dev is None else f'{floor / dev:.0%}'} | {err:.1e} |")
             print(lines[-1], flush=True)
-            results.append(dict(algo=algo, R=R, T=T, impl=name, full=full, dev=dev, floor=floor))
+            results.append(dict(algo=algo, dtype=dtype_name, R=R, T=T, impl=name, full=full, dev=dev, floor=floor))
         del problem, impls
         torch.cuda.empty_cache()
         bar()
+    tail = summary(results, empty_full)
+    lines += tail
+    print("\n".join(tail), flush=True)
     if args.md:
         with open(args.md, "w") as f:
             f.write("\n".join(lines) + "\n")
     if args.img:
         plots(results, args.img)
+
+
+def summary(results, empty_full):
+    """Per cell, the closest peer (smallest peer / rl_triton ratio), for full call and device time."""
+    out = ["", "| algorithm | dtype | rows x T | closest peer, full call | closest peer, device | "
+           "rl_triton full call / empty kernel |", "|---|---|---|---|---|---|"]
+    cells = dict.fromkeys((r["algo"], r["dtype"], r["R"], r["T"]) for r in results)
+    for algo, dtype, R, T in cells:
+        rows = [r for r in results if (r["algo"], r["dtype"], r["R"], r["T"]) == (algo, dtype, R, T)]
+        ours = next((r for r in rows if r["impl"] == "rl_triton"), None)
+        if ours is None:
+            continue
+        peers = [r for r in rows if r is not ours]
+
+        def closest(key):
+            timed = [(r[key] / ours[key], r["impl"]) for r in peers if r[key] is not None and ours[key]]
+            return f"{min(timed)[0]:.2f}x ({min(timed)[1]})" if timed else "-"
+
+        out.append(f"| {algo} | {dtype} | {R}x{T} | {closest('full')} | {closest('dev')} | "
+                   f"{ours['full'] / empty_full:.2f}x |")
+    return out
 
 
 def _progress(total):
@@ -296,7 +328,7 @@ def plots(results, folder):
 
     os.makedirs(folder, exist_ok=True)
     fig, ax = plt.subplots(figsize=(8, 5))
-    gae = [r for r in results if r["algo"] == "gae" and r["dev"] is not None]
+    gae = [r for r in results if r["algo"] == "gae" and r["dtype"] == "float32" and r["dev"] is not None]
     for impl in dict.fromkeys(r["impl"] for r in gae):
         pts = sorted((r["T"], r["dev"], f"{r['R']}x{r['T']}") for r in gae if r["impl"] == impl)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=impl)
@@ -309,7 +341,7 @@ def plots(results, folder):
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "gae_time_vs_T.png"), dpi=120)
     fig, ax = plt.subplots(figsize=(9, 5))
-    ours = [r for r in results if r["impl"] == "rl_triton" and r["dev"]]
+    ours = [r for r in results if r["impl"] == "rl_triton" and r["dtype"] == "float32" and r["dev"]]
     shapes = list(dict.fromkeys(f"{r['R']}x{r['T']}" for r in ours))
     for k, algo in enumerate(dict.fromkeys(r["algo"] for r in ours)):
         vals = {f"{r['R']}x{r['T']}": r["floor"] / r["dev"] for r in ours if r["algo"] == algo}

@@ -33,7 +33,7 @@ def impala_build(args):
                     with torch.no_grad():
                         adv_module(data)
                 flat = data.reshape(-1)
-                for idx in torch.randperm(flat.numel()).split(512):
+                for idx in torch.randperm(flat.numel(), device=flat.device).split(512):
                     out = loss(flat[idx])
                     total = out["loss_objective"] + out["loss_critic"]
                     optim.zero_grad()

@@ -39,6 +39,8 @@ def parse_args(description: str, frames: int, n_envs: int, steps: int, out: str)
     p.add_argument("--steps", type=int, default=steps, help="steps per env per batch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=out)
+    p.add_argument("--device", default="cpu", help="where the networks, the batch and the estimator run "
+                   "(the environments step on the CPU)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--no-patch", action="store_true", help="TorchRL's own estimator only")
     g.add_argument("--compare", action="store_true", help="TorchRL's, then rl_triton's")
@@ -51,7 +53,7 @@ def make_env(n_envs: int, seed: int):
     return env
 
 
-def make_modules(env):
+def make_modules(env, device):
     n_obs = env.observation_spec["observation"].shape[-1]
     n_act = env.action_spec.shape[-1]
     policy = TensorDictModule(
@@ -59,13 +61,13 @@ def make_modules(env):
                       NormalParamExtractor()),
         in_keys=["observation"], out_keys=["loc", "scale"],
     )
-    spec = env.full_action_spec_unbatched[env.action_key]
+    spec = env.full_action_spec_unbatched[env.action_key].to(device)
     actor = ProbabilisticActor(policy, in_keys=["loc", "scale"], spec=spec, distribution_class=TanhNormal,
                                distribution_kwargs={"low": spec.space.low, "high": spec.space.high},
                                return_log_prob=True)
     critic = ValueOperator(MLP(in_features=n_obs, out_features=1, num_cells=[64, 64], activation_class=nn.Tanh),
                            in_keys=["observation"])
-    return actor, critic
+    return actor.to(device), critic.to(device)
 
 
 def train(args, build, patch: bool, label: str):
@@ -74,10 +76,18 @@ def train(args, build, patch: bool, label: str):
     (rt_torchrl.patch if patch else rt_torchrl.unpatch)()
     try:
         env = make_env(args.n_envs, args.seed)
-        actor, critic = make_modules(env)
+        device = torch.device(args.device)
+        actor, critic = make_modules(env, device)
         adv_module, loss, update = build(env, actor, critic)
-        collector = Collector(env, actor, frames_per_batch=args.n_envs * args.steps,
-                                      total_frames=args.frames, auto_register_policy_transforms=False)
+        collector = Collector(env, actor, frames_per_batch=args.n_envs * args.steps, total_frames=args.frames,
+                              auto_register_policy_transforms=False, env_device="cpu", policy_device=device,
+                              storing_device=device)
+
+        def clock():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter()
+
         timings = {"advantage": [], "update": []}
         episodes = []
         frames = 0
@@ -86,13 +96,13 @@ def train(args, build, patch: bool, label: str):
                 with torch.no_grad():
                     adv_module(data.clone())
             frames += data.numel()
-            t0 = time.perf_counter()
+            t0 = clock()
             with torch.no_grad():
                 adv_module(data)
-            timings["advantage"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
+            timings["advantage"].append(clock() - t0)
+            t0 = clock()
             update(data)
-            timings["update"].append(time.perf_counter() - t0)
+            timings["update"].append(clock() - t0)
             done = data["next", "done"]
             for r in data["next", "episode_reward"][done].tolist():
                 episodes.append((label, frames, r))

@@ -131,9 +131,7 @@ class _Call:
                 raise TypeError(f"out must be a tuple of {n_out} tensors")
             self.out = [self.rows.check_out(o, f"out[{i}]") for i, o in enumerate(out)]
         self.backend = scan.resolve_backend(backend, self.rows.device)
-        needs_grad = torch.is_grad_enabled() and any(
-            isinstance(t, torch.Tensor) and t.requires_grad for t in self.grad_inputs
-        )
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in self.grad_inputs)
         if needs_grad and out is not None:
             raise ValueError("out= does not support autograd; call without out= to get gradients")
         self.empty = self.rows.R == 0 or self.rows.T == 0

@@ -29,12 +29,12 @@ def value_checks_on(device: torch.device) -> bool:
     never inside a torch.compile trace (a data-dependent branch would break the graph)."""
     if torch.compiler.is_compiling():
         return False
-    mode = os.environ.get("RL_TRITON_CHECK_VALUES", "auto").strip().lower()
-    if mode in ("1", "true", "on", "yes"):
-        return True
-    if mode in ("0", "false", "off", "no"):
-        return False
-    return device.type == "cpu"
+    mode = _CHECK_MODES.get(os.environ.get("RL_TRITON_CHECK_VALUES", "auto").strip().lower())
+    return device.type == "cpu" if mode is None else mode
+
+
+_CHECK_MODES = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False,
+                "no": False}
 
 
 def check_tensor(x, name: str, *, dtypes=FLOAT_DTYPES, kind: str = "a floating-point") -> torch.Tensor:
@@ -47,6 +47,8 @@ def check_tensor(x, name: str, *, dtypes=FLOAT_DTYPES, kind: str = "a floating-p
 
 def check_unit_interval(x, name: str):
     """gamma / lmbda: a number or float tensor in [0, 1]."""
+    if type(x) is float and 0.0 <= x <= 1.0:
+        return x
     if isinstance(x, torch.Tensor):
         check_tensor(x, name)
         if value_checks_on(x.device) and x.numel() and not bool(((x >= 0) & (x <= 1)).all()):
@@ -61,6 +63,8 @@ def check_unit_interval(x, name: str):
 
 def check_threshold(x, name: str) -> float:
     """Clip thresholds (rho_bar, c_bar): numbers > 0, inf allowed."""
+    if type(x) is float and x > 0:
+        return x
     if isinstance(x, bool) or not isinstance(x, Real):
         raise TypeError(f"{name} must be a float, got {type(x).__name__}")
     if math.isnan(float(x)) or float(x) <= 0:
@@ -145,6 +149,8 @@ class Rows:
 
     def per_row(self, x: torch.Tensor) -> torch.Tensor:
         """``[R]`` view of a per-row input (bootstrap value, initial state)."""
+        if x.ndim == 1 and x.shape == self.row_shape:
+            return x
         return x.expand(self.row_shape).reshape(self.R)
 
     def from_rows(self, y: torch.Tensor) -> torch.Tensor:

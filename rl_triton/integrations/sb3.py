@@ -34,7 +34,7 @@ from .. import gae
 __all__ = ["FastDictRolloutBuffer", "FastRolloutBuffer", "is_patched", "patch", "patched", "unpatch"]
 
 _ORIGINAL = _buffers.RolloutBuffer.__dict__["compute_returns_and_advantage"]
-_settings = {"device": "cpu", "gpu_min_elements": 1 << 22}
+_settings = {"device": "cpu", "gpu_min_elements": 1 << 16}  # crossover measured on an H200 host, docs/sb3.md
 
 
 def _target_device(name, n_elements: int) -> torch.device:

@@ -20,14 +20,21 @@ import os
 
 import torch
 
-from ..signatures import N_OUT, kinds
+from ..signatures import KINDS, N_OUT, kinds
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 try:
     import triton.language as tl
 
+    from triton.runtime import driver
+
     from .builders import ALGORITHMS
     from .engine import scan_kernel
+
+    try:
+        from triton import knobs
+    except ImportError:  # triton < 3.4 has no knobs module
+        knobs = None
 
     AVAILABLE = True
 except ImportError:  # CPU-only installs without triton still work on the other backends
@@ -82,6 +89,7 @@ def plan(R: int, T: int, float64: bool, device: torch.device):
 
 
 _launches: dict = {}
+_KINDS = {name: kinds(name) for name in KINDS}
 
 
 def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, device: torch.device):
@@ -91,9 +99,13 @@ def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, device
     if config is None:
         build, init, store, _, need_prev = ALGORITHMS[name]
         block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device)
-        options = dict(BUILD=build, INIT=init, STORE=store, REVERSE=reverse, NEED_PREV=need_prev,
-                       ACC=tl.float64 if acc64 else tl.float32, BLOCK_R=block_r, BLOCK_T=block_t,
-                       SEG_BLOCK=seg_block, num_warps=num_warps)
+        acc = tl.float64 if acc64 else tl.float32
+        options = dict(BUILD=build, INIT=init, STORE=store, REVERSE=reverse, NEED_PREV=need_prev, ACC=acc,
+                       BLOCK_R=block_r, BLOCK_T=block_t, SEG_BLOCK=seg_block, num_warps=num_warps)
+        # the constexpr arguments after PHASE in the engine's order, for direct launches
+        tail = (acc, block_r, block_t, seg_block)
+        options["_tail"] = {p: (build, init, store, reverse, need_prev, p, *tail) for p in (0, 1, 2)}
+        options["_key"] = (name, acc64, reverse, block_r, block_t, seg_block, num_warps, device)
         config = ((_cdiv(R, block_r), n_seg), seg_chunks, n_seg, options)
         if not _forced:
             _launches[key] = config
@@ -107,51 +119,98 @@ def _scalar(x) -> float:
     """A number as the kernels apply it (float32): float32 denormals become 0, as the GPU
     flushes them (the interpreter would otherwise produce garbage from them)."""
     x = float(x)
-    return 0.0 if abs(x) < _FLOAT32_TINY else x
+    return 0.0 if -_FLOAT32_TINY < x < _FLOAT32_TINY else x
 
 
-def _pack(kind: str, x):
-    """One argument in the engine's form: strided views as tuples, constants as (None, value)."""
-    if kind in ("u1", "u2", "f1", "f2", "f3") and isinstance(x, torch.Tensor):
-        return (x, *x.stride())
-    if kind == "f2" and x is not None:
-        return (None, _scalar(x))
-    if kind == "s":
-        return _scalar(x)
-    if kind in ("i", "b"):
-        return None  # modes are implied by which inputs are None; direction is a constexpr
-    return x
+def _pack(arg_kinds, args, R: int, T: int, acc64: bool, device):
+    """The arguments in the engine's form (strided views as tuples, constants as (None, value),
+    absent inputs and modes as None) and the key of their specialisation: tensor dtype, 16-byte
+    alignment and the strides themselves, a superset of what Triton specialises on, so a kernel
+    cached under it is reused only where Triton's dispatch would choose the same one."""
+    packed, spec = [], []
+    for kind, x in zip(arg_kinds, args):
+        if x is None or kind == "i" or kind == "b":  # direction is a constexpr
+            packed.append(None)
+            spec.append(None)
+        elif kind == "s":
+            packed.append(_scalar(x))
+            spec.append(1)
+        elif isinstance(x, torch.Tensor):
+            p = (x, *x.stride(), x.shape[2]) if kind == "f3" else (x, *x.stride())
+            packed.append(p)
+            spec.append((x.dtype, x.data_ptr() % 16 == 0, p[1:]))
+        elif acc64:  # a float64 number stays exact: read it from a broadcast tensor
+            packed.append((torch.full((), float(x), dtype=torch.float64, device=device).expand(R, T), 0, 0))
+            spec.append(2)
+        else:
+            packed.append((None, _scalar(x)))
+            spec.append(0)
+    return packed, tuple(spec)
+
+
+_compiled: dict = {}
+
+
+def _launch(key, grid, ins, outs, ws, runtime, phase, options):
+    """Launch one phase of the engine. The first launch of a specialisation goes through Triton's
+    dispatch (compiling if needed); later ones call the compiled kernel directly, skipping the
+    per-call argument binding and key hashing that dominate a small launch's host time."""
+    key = (key, phase)
+    kernel = _compiled.get(key)
+    if kernel is not None and not _hooks_active():
+        stream = _current_stream(ws.device.index)
+        kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                   ins, outs, ws, *runtime, *options["_tail"][phase])
+        return
+    kwargs = {k: v for k, v in options.items() if not k.startswith("_")}
+    kernel = scan_kernel[grid](ins, outs, ws, *runtime, PHASE=phase, **kwargs)
+    if not INTERPRET and hasattr(kernel, "packed_metadata") and hasattr(kernel, "function"):
+        _compiled[key] = kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _stream_getter():
+    return driver.active.get_current_stream
+
+
+def _current_stream(index: int):
+    return _stream_getter()(index)
+
+
+def _hooks_active() -> bool:
+    """Whether Triton launch hooks are set (profilers); then every launch takes Triton's path.
+    A hook is a callable or None (older triton) or a chain with a ``calls`` list (newer)."""
+    runtime = getattr(knobs, "runtime", None)
+    if runtime is None:
+        return False
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return bool(getattr(enter, "calls", enter)) or bool(getattr(exit_, "calls", exit_))
 
 
 def run(name: str, *args) -> None:
     """Launch algorithm ``name`` on ``[R, T]`` views; the outputs are the last arguments."""
     reverse = ALGORITHMS[name][3]
-    arg_kinds = kinds(name)
     n_out = N_OUT.get(name, 1)
     ref = args[0]
     R, T = ref.shape[:2]
     acc64 = ref.dtype == torch.float64
-    packed = []
-    for kind, x in zip(arg_kinds, args):
-        if kind == "f2" and acc64 and x is not None and not isinstance(x, torch.Tensor):
-            x = torch.full((), float(x), dtype=torch.float64, device=ref.device).expand(R, T)
-        if kind == "f3":
-            packed.append((x, *x.stride(), x.shape[2]) if x is not None else None)
-        else:
-            packed.append(_pack(kind, x))
+    device = ref.device
+    packed, spec = _pack(_KINDS[name], args, R, T, acc64, device)
     ins, outs = tuple(packed[:-n_out]), tuple(packed[-n_out:])
     if reverse is None:
         reverse = bool(args[3])
-    device = ref.device
     grid, seg_chunks, n_seg, options = _launch_config(name, R, T, acc64, reverse, device)
+    runtime = (R, T, seg_chunks, n_seg)
+    # the workspace is a fresh (aligned) allocation, or the first input, which the key covers
+    key = (options["_key"], spec, runtime)
     other_gpu = device.type == "cuda" and device.index != torch.cuda.current_device()
     with torch.cuda.device(device) if other_gpu else contextlib.nullcontext():
         if n_seg > 1:
             ws = torch.empty(R * n_seg * 2, dtype=torch.float64 if acc64 else torch.float32, device=device)
-            scan_kernel[grid](ins, outs, ws, R, T, seg_chunks, n_seg, PHASE=1, **options)
-            scan_kernel[grid](ins, outs, ws, R, T, seg_chunks, n_seg, PHASE=2, **options)
+            _launch(key, grid, ins, outs, ws, runtime, 1, options)
+            _launch(key, grid, ins, outs, ws, runtime, 2, options)
         else:
-            scan_kernel[grid](ins, outs, ref, R, T, seg_chunks, n_seg, PHASE=0, **options)
+            _launch(key, grid, ins, outs, ref, runtime, 0, options)
 
 
 def affine_scan(alpha, beta, carry, reverse: bool):
