@@ -22,16 +22,17 @@ from rl_triton.core import kernels  # noqa: E402
 SHAPES = "128x4096,64x8192,8x32768,1x131072,32768x8,4096x128"
 
 
-def plans(R, T, sms):
-    for block_t in (64, 128, 256, 512, 1024):
+def plans(R, T, sms, block_ts=(64, 128, 256, 512, 1024), warps=(1, 2, 4, 8), split=True, max_tile=4096):
+    for block_t in block_ts:
         if block_t > max(T, 32):
             continue
-        for num_warps in (1, 2, 4, 8):
+        for num_warps in warps:
             for block_r in (1, 2, 4, 8, 16, 32, 64, 128):
-                if block_r * block_t > 4096 or block_r * block_t < 32 * num_warps or block_r > 2 * R:
+                if block_r * block_t > max_tile or block_r * block_t < 32 * num_warps or block_r > 2 * R:
                     continue
                 row_programs = -(-R // block_r)
-                for n_seg in sorted({1, *(max(1, k * sms // row_programs) for k in (2, 4, 8))}):
+                segs = {1, *(max(1, k * sms // row_programs) for k in (2, 4, 8))} if split else {1}
+                for n_seg in sorted(segs):
                     if n_seg <= -(-T // block_t):
                         yield dict(block_t=block_t, block_r=block_r, num_warps=num_warps, n_seg=n_seg)
 
@@ -39,7 +40,12 @@ def plans(R, T, sms):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default=SHAPES)
+    p.add_argument("--block-t", default="64,128,256,512,1024", help="BLOCK_T values to try")
+    p.add_argument("--warps", default="1,2,4,8", help="num_warps values to try")
+    p.add_argument("--max-tile", type=int, default=4096, help="largest BLOCK_R x BLOCK_T")
+    p.add_argument("--no-split", action="store_true", help="one segment per row only")
     args = p.parse_args()
+    ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for shape in args.shapes.split(","):
         R, T = map(int, shape.split("x"))
@@ -47,7 +53,7 @@ def main():
         v = torch.randn_like(r)
         d = torch.rand_like(r) < 0.02
         results = []
-        for forced in plans(R, T, sms):
+        for forced in plans(R, T, sms, ints(args.block_t), ints(args.warps), not args.no_split, args.max_tile):
             with kernels.forced_plan(**forced):
                 results.append((device_us(lambda: rt.gae(r, v, done=d), reps=5), forced))
         results.sort(key=lambda x: x[0])

@@ -72,7 +72,10 @@ def _pow2(n: int) -> int:
 
 def plan(R: int, T: int, float64: bool, device: torch.device):
     """(BLOCK_R, BLOCK_T, n_seg, chunks per segment, num_warps, SEG_BLOCK) for R rows of T steps."""
-    block_t = _forced.get("block_t") or min(_pow2(T), 512 if float64 else 1024)
+    block_t = min(_pow2(T), 512 if float64 else 1024)
+    if _cdiv(R, TILE // 128) >= 4 * _multiprocessors(device):
+        block_t = min(block_t, 128)  # rows enough to fill the GPU: short chunks, more programs in flight
+    block_t = _forced.get("block_t") or block_t
     block_r = _forced.get("block_r") or min(_pow2(R), max(1, TILE // block_t))
     num_warps = _forced.get("num_warps") or max(1, min(8, block_r * block_t // 128))
     # the scan lowering needs a tile of at least one element per thread
