@@ -1,0 +1,181 @@
+"""Multi-GPU check: the kernels run on their tensors' own GPU, and GAE computed shard by shard
+under torch.distributed equals the single-device result.
+
+    python benchmarks/multi_gpu_check.py                    # every GPU present, then 2 ranks
+    python benchmarks/multi_gpu_check.py --dist-backend gloo --world-size 2   # ranks on the CPU
+
+Part 1, per GPU (with one GPU, that GPU as the current one): with each other GPU current, every
+public estimator (the cases of gpu_check.py, outputs poisoned with NaN) runs on tensors on the
+target GPU and is compared with the float64 oracle; the CUDA profiler must show every kernel on
+the target GPU, the other GPUs' allocators must record no allocation, the current device must
+be unchanged afterwards, and outputs returned without ``out=`` must live on the target GPU.
+
+Part 2: ``--world-size`` ranks (torch.multiprocessing, NCCL with one GPU per rank when there are
+enough GPUs, else gloo on the CPU; NCCL_NVLS_ENABLE=0) run a DDP-style loop: each rank computes
+values with a DistributedDataParallel value network on its shard of the environments, GAE on
+that shard, a value loss and an optimiser step; the advantages are all-gathered and rank 0
+compares them with GAE on the whole rollout on one device and with the float64 oracle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast on shared hosts
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.join(_here, ".."), os.path.join(_here, "..", "tests")]
+import oracle  # noqa: E402
+
+import rl_triton as rt  # noqa: E402
+from gpu_check import ALGOS, GAMMA, LMBDA, actual, expected, hyper, rel_err  # noqa: E402
+
+TOL = 1e-5
+
+
+def _allocations(device: int) -> int:
+    return torch.cuda.memory_stats(device).get("allocation.all.allocated", 0)
+
+
+def check_device(target: int, current: int, shape=(33, 300)) -> list[tuple[str, bool, str]]:
+    """Every estimator on cuda:target while cuda:current is the current device."""
+    others = [d for d in range(torch.cuda.device_count()) if d != target]
+    results = []
+    with torch.cuda.device(current):
+        before = {d: _allocations(d) for d in others}
+        activities = [torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as prof:
+            errors = {}
+            for i, algo in enumerate(ALGOS):
+                case = (algo, *shape, "batch-major", torch.float32)
+                got = actual(case, i, torch.device("cuda", target))
+                errors[algo] = max(rel_err(g, w) for g, w in zip(got, expected(case, i)))
+            r = torch.randn(*shape, device=f"cuda:{target}")
+            returned = rt.gae(r, r, bootstrap_value=r[:, -1], terminated=r > 2.0)
+            torch.cuda.synchronize(target)
+        kernel_devices = {e.device_index for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+        after = {d: _allocations(d) for d in others}
+        still_current = torch.cuda.current_device()
+    tag = f"cuda:{target} with cuda:{current} current"
+    worst = max(errors.values())
+    results.append((f"{tag}: {len(errors)} estimators vs oracle", worst <= TOL,
+                    f"worst rel err {worst:.1e} ({max(errors, key=errors.get)})"))
+    results.append((f"{tag}: kernels ran on cuda:{target} only", kernel_devices == {target},
+                    f"profiler saw kernels on {sorted(kernel_devices)}"))
+    results.append((f"{tag}: no allocation on other GPUs", before == after,
+                    f"allocation counts before {before}, after {after}"))
+    results.append((f"{tag}: outputs on cuda:{target}",
+                    all(o.device == torch.device("cuda", target) for o in returned), str([str(o.device) for o in returned])))
+    results.append((f"{tag}: current device unchanged", still_current == current, f"cuda:{still_current}"))
+    return results
+
+
+def _rollout(n_envs: int, T: int, obs_dim: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(n_envs, T + 1, obs_dim, generator=g)  # obs t = 0..T (T: bootstrap observation)
+    rewards = torch.randn(n_envs, T, generator=g)
+    terminated = torch.rand(n_envs, T, generator=g) < 0.02
+    return obs, rewards, terminated
+
+
+def _rank(rank: int, world: int, backend: str, result_file: str, n_envs: int, T: int, iterations: int):
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group(backend, init_method=f"file://{result_file}.rendezvous", rank=rank, world_size=world)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(0)  # the same initial network on every rank
+    obs, rewards, terminated = (x.to(device) for x in _rollout(n_envs, T, 8))
+    shard = slice(rank * n_envs // world, (rank + 1) * n_envs // world)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(net, device_ids=[rank] if device.type == "cuda" else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-2)
+    worst_vs_single, worst_vs_oracle = 0.0, 0.0
+    for _ in range(iterations):
+        with torch.no_grad():
+            values = ddp(obs[shard]).squeeze(-1)  # [n, T + 1]
+            adv, ret = rt.gae(rewards[shard], values[:, :-1], bootstrap_value=values[:, -1],
+                              terminated=terminated[shard], gamma=GAMMA, lmbda=LMBDA)
+            gathered = [torch.empty_like(adv) for _ in range(world)]
+            dist.all_gather(gathered, adv.contiguous())
+            if rank == 0:  # the single-device result on the whole rollout, same network state
+                full_values = net(obs).squeeze(-1)
+                single = rt.gae(rewards, full_values[:, :-1], bootstrap_value=full_values[:, -1],
+                                terminated=terminated, gamma=GAMMA, lmbda=LMBDA)[0]
+                sharded = torch.cat(gathered, 0)
+                worst_vs_single = max(worst_vs_single, rel_err(sharded.double().cpu().numpy(),
+                                                               single.double().cpu().numpy()))
+                v = full_values.double().cpu().numpy()
+                term = terminated.cpu().numpy()
+                g, l = (np.full(term.shape, hyper(x, torch.float32)) for x in (GAMMA, LMBDA))
+                ref = oracle.gae(rewards.double().cpu().numpy(), v[:, :-1],
+                                 oracle.implied_next_values(v[:, :-1], v[:, -1]), term, term, g, l)[0]
+                worst_vs_oracle = max(worst_vs_oracle, rel_err(sharded.double().cpu().numpy(), ref))
+        loss = (ddp(obs[shard]).squeeze(-1)[:, :-1] - ret).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()  # DDP all-reduces the gradients: every rank keeps the same network
+        opt.step()
+    if rank == 0:
+        with open(result_file, "w") as f:
+            json.dump({"vs_single": worst_vs_single, "vs_oracle": worst_vs_oracle}, f)
+    # release DDP's reducer (it holds pending gloo work) before the group goes
+    del ddp, opt
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def check_distributed(backend: str, world: int, n_envs: int = 64, T: int = 256, iterations: int = 3):
+    """Run the ranks; returns (name, ok, detail) lines."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result_file = os.path.join(tmp, "result.json")
+        mp.spawn(_rank, args=(world, backend, result_file, n_envs, T, iterations), nprocs=world, join=True)
+        with open(result_file) as f:
+            res = json.load(f)
+    where = "one GPU per rank" if backend == "nccl" else "CPU"
+    return [(f"{world} ranks ({backend}, {where}), {iterations} DDP steps: gathered GAE vs single device",
+             res["vs_single"] <= TOL, f"rel err {res['vs_single']:.1e}"),
+            (f"{world} ranks ({backend}, {where}): gathered GAE vs float64 oracle", res["vs_oracle"] <= TOL,
+             f"rel err {res['vs_oracle']:.1e}")]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--dist-backend", choices=("auto", "nccl", "gloo"), default="auto",
+                   help="auto: NCCL when there is a GPU per rank, else gloo on the CPU")
+    p.add_argument("--skip-devices", action="store_true", help="only the torch.distributed part")
+    args = p.parse_args()
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    lines = []
+    if n and not args.skip_devices:
+        print(f"{n} GPU(s): {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+        pairs = [(t, c) for t in range(n) for c in range(n) if t != c] or [(0, 0)]
+        for target, current in pairs:
+            lines += check_device(target, current)
+    elif not args.skip_devices:
+        print("no GPU: part 1 (device placement) not run", flush=True)
+    backend = args.dist_backend
+    if backend == "auto":
+        backend = "nccl" if n >= args.world_size else "gloo"
+    lines += check_distributed(backend, args.world_size)
+    for name, ok, detail in lines:
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
+    failures = sum(not ok for _, ok, _ in lines)
+    print(f"\n{len(lines) - failures}/{len(lines)} checks passed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
