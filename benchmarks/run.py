@@ -207,11 +207,14 @@ def main():
     p.add_argument("--md", help="also write the table to this markdown file")
     p.add_argument("--img", help="GPU: folder for the PNG plots")
     p.add_argument("--no-peers", action="store_true", help="GPU: time rl_triton only")
+    p.add_argument("--replot", metavar="MD", help="redraw the --img plots from a table written by --md")
     p.add_argument("--dtypes", default="float32,bfloat16",
                    help="GPU: input dtypes; peers are timed in float32 only (bfloat16 rows: rl_triton alone)")
     p.add_argument("--compiled-peers", default="gae",
                    help="GPU: algorithms that also get the torch.compile peers (each shape compiles)")
     args = p.parse_args()
+    if args.replot:
+        return plots(results_from_md(args.replot), args.img or "docs/img")
     if args.cpu or not torch.cuda.is_available():
         return cpu_main(args.md)
     gpu_main(args)
@@ -319,38 +322,66 @@ def _progress(total):
     return lambda: bar.update(1)
 
 
+def results_from_md(path):
+    """The timed rows of a table written by --md, as the dicts ``plots`` takes."""
+    results, floors, bw = [], {}, None
+    with open(path) as f:
+        for line in f:
+            if line.startswith("Copy bandwidth"):
+                bw = float(line.split(":")[1].split("TB/s")[0])
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) != 10 or not cells[4].replace(".", "").isdigit():
+                continue
+            algo, dtype, shape, impl, full, dev, _, _, frac, _ = cells
+            R, T = map(int, shape.split("x"))
+            dev = None if dev == "-" else float(dev)
+            if impl == "rl_triton":
+                floors[(algo, dtype, R, T)] = float(frac.rstrip("%")) / 100 * dev
+            results.append(dict(algo=algo, dtype=dtype, R=R, T=T, impl=impl, full=float(full), dev=dev))
+    for r in results:
+        r["floor"] = floors.get((r["algo"], r["dtype"], r["R"], r["T"]))
+    return results
+
+
 def plots(results, folder):
-    """GAE device time vs T per implementation, and rl_triton's fraction of the floor per shape."""
+    """GAE device time per shape (ordered by T) per implementation, and rl_triton's fraction of
+    the copy-bandwidth floor per shape and algorithm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     os.makedirs(folder, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(8, 5))
     gae = [r for r in results if r["algo"] == "gae" and r["dtype"] == "float32" and r["dev"] is not None]
-    for impl in dict.fromkeys(r["impl"] for r in gae):
-        pts = sorted((r["T"], r["dev"], f"{r['R']}x{r['T']}") for r in gae if r["impl"] == impl)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=impl)
-    ax.set_xscale("log")
+    shapes = sorted({(r["T"], r["R"]) for r in gae})
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for k, impl in enumerate(dict.fromkeys(r["impl"] for r in gae)):
+        pts = {(r["T"], r["R"]): r["dev"] for r in gae if r["impl"] == impl}
+        xs = [i for i, s in enumerate(shapes) if s in pts]
+        ax.plot(xs, [pts[shapes[i]] for i in xs], marker="o", ls=":" if k else "-", lw=2.5 if not k else 1, label=impl)
+    ax.set_xticks(range(len(shapes)), [f"{R}x{T}" for T, R in shapes], rotation=45, ha="right")
     ax.set_yscale("log")
-    ax.set_xlabel("T (steps per row; rows vary, see the table)")
-    ax.set_ylabel("device time per call (us)")
-    ax.set_title("GAE, float32: device time vs T")
+    ax.set_xlabel("rows x T, ordered by T")
+    ax.set_ylabel("device time per call (us, CUDA-graph replay)")
+    ax.set_title("GAE, float32: device time per shape (missing points: not capturable or too slow)")
+    ax.grid(True, which="major", axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "gae_time_vs_T.png"), dpi=120)
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     ours = [r for r in results if r["impl"] == "rl_triton" and r["dtype"] == "float32" and r["dev"]]
     shapes = list(dict.fromkeys(f"{r['R']}x{r['T']}" for r in ours))
-    for k, algo in enumerate(dict.fromkeys(r["algo"] for r in ours)):
+    algos = list(dict.fromkeys(r["algo"] for r in ours))
+    width = 0.8 / max(len(algos), 1)
+    for k, algo in enumerate(algos):
         vals = {f"{r['R']}x{r['T']}": r["floor"] / r["dev"] for r in ours if r["algo"] == algo}
-        ax.bar([i + 0.11 * k for i in range(len(shapes))], [vals.get(s, 0) for s in shapes], 0.11, label=algo)
+        ax.bar([i + width * (k - (len(algos) - 1) / 2) for i in range(len(shapes))],
+               [vals.get(s, 0) for s in shapes], width, label=algo)
     ax.set_xticks(range(len(shapes)), shapes, rotation=45, ha="right")
     ax.axhline(0.8, color="k", lw=0.8, ls="--")
     ax.set_ylabel("floor / device time")
-    ax.set_title("rl_triton: fraction of the copy-bandwidth floor")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("rl_triton, float32: fraction of the copy-bandwidth floor (dashed: 80% target)")
+    ax.legend(fontsize=7, ncol=4)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "floor_fraction.png"), dpi=120)
 
