@@ -10,6 +10,7 @@ float32, while rl_triton applies it exactly in float64 (docs/torchrl.md).
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import pytest
 import torch
@@ -533,3 +534,55 @@ def test_clip_ppo_loss_step_with_patched_registry():
         loss.make_value_estimator("tdlambda")
         assert type(loss.value_estimator) is rtt.TDLambdaEstimator
     assert type(_ppo_loss().value_estimator) is tadv.GAE
+
+
+def test_threshold_buffers_are_read_once_until_modified():
+    # a CUDA buffer read per call would synchronise (and break CUDA-graph capture)
+    thresh = torch.tensor(2.0)
+    assert rtt._threshold(thresh) == 2.0
+    thresh._rl_triton_scalar = (thresh._version, 7.0)  # a read now would give 2.0: the cache answers
+    assert rtt._threshold(thresh) == 7.0
+    thresh.fill_(3.0)  # in-place change: the version moves, the value is read again
+    assert rtt._threshold(thresh) == 3.0
+    assert rtt._threshold(torch.tensor(0.5)) == 0.5
+
+
+def _graphed_estimator_run(cls, device):
+    """The estimator inside tensordict's CudaGraphModule (eager on a CPU) against plain calls."""
+    from tensordict.nn import CudaGraphModule
+
+    critic, actor = _critic().to(device), _actor().to(device)
+    if cls == "GAE":
+        est = rtt.GAE(gamma=0.99, lmbda=0.95, value_network=critic)
+    else:
+        est = rtt.VTrace(gamma=0.99, value_network=critic, actor_network=actor).to(device)
+
+    def batch(seed):
+        td = _td(seed=seed)
+        if cls == "VTrace":
+            with torch.no_grad():
+                lp = actor(td.clone().to(device))[est.tensor_keys.sample_log_prob].cpu()
+            td[est.tensor_keys.sample_log_prob] = lp + 0.2 * torch.randn_like(lp)
+        return td.to(device)
+
+    def run(td):
+        with torch.no_grad():
+            return est(td)["advantage"]
+
+    graphed = CudaGraphModule(run, warmup=2, device=torch.device(device) if device != "cpu" else None)
+    for seed in range(5):  # warm-up calls, the capture, then replays on new data
+        td = batch(seed)
+        close(graphed(td.clone()), run(td.clone()), 1e-5)
+
+
+@pytest.mark.parametrize("cls", ["GAE", "VTrace"])
+def test_estimators_in_cudagraphmodule_on_cpu(cls):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CudaGraphModule warns that it runs eagerly without CUDA
+        _graphed_estimator_run(cls, "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("cls", ["GAE", "VTrace"])
+def test_estimators_under_cudagraphmodule(cls):
+    _graphed_estimator_run(cls, "cuda")

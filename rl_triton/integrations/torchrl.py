@@ -96,11 +96,22 @@ def _coef(x, like):
 
 
 def _threshold(x):
-    """rho_thresh / c_thresh: rl_triton takes Python numbers (TorchRL's buffers are 0-d tensors)."""
+    """rho_thresh / c_thresh: rl_triton takes Python numbers (TorchRL's buffers are 0-d tensors).
+
+    A buffer's value is read once and remembered on the tensor until it is modified in place
+    (its version counter moves): reading a CUDA tensor synchronises, which costs a round trip
+    per call and would break CUDA-graph capture (CudaGraphModule warms up eagerly first)."""
     if isinstance(x, torch.Tensor):
         if x.numel() != 1:
             raise NotImplementedError("rl_triton's vtrace takes scalar clipping thresholds only")
-        return float(x)
+        if torch.compiler.is_compiling():
+            return float(x)
+        cached = getattr(x, "_rl_triton_scalar", None)
+        if cached is not None and cached[0] == x._version:
+            return cached[1]
+        value = float(x)
+        x._rl_triton_scalar = (x._version, value)
+        return value
     return x
 
 
