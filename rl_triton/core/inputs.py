@@ -12,11 +12,11 @@ from numbers import Real
 
 import torch
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-FLAG_DTYPES = (
+FLOAT_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
+FLAG_DTYPES = frozenset((
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
     torch.float16, torch.bfloat16, torch.float32, torch.float64,
-)
+))
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -90,11 +90,11 @@ class Rows:
         self.ref_name = ref_name
         self.dtype = dtype
         self.device = ref.device
-        self.shape = ref.shape
-        self.tdim = time_dim % ref.ndim
-        self.T = ref.shape[self.tdim]
-        self.row_shape = ref.shape[: self.tdim] + ref.shape[self.tdim + 1:]
-        self.R = math.prod(self.row_shape)
+        self.shape = shape = ref.shape
+        self.tdim = tdim = time_dim % ref.ndim
+        self.T = shape[tdim]
+        self.row_shape = shape[:tdim] + shape[tdim + 1:]
+        self.R = self.row_shape[0] if len(self.row_shape) == 1 else math.prod(self.row_shape)
 
     def _same_device(self, x: torch.Tensor, name: str):
         if x.device != self.device:
@@ -102,6 +102,9 @@ class Rows:
 
     def value(self, x, name: str, *, shape=None) -> torch.Tensor:
         """A float input of this call: same dtype and device, broadcastable to ``shape``."""
+        if type(x) is torch.Tensor and x.dtype == self.dtype and x.shape == (self.shape if shape is None else shape) \
+                and x.device == self.device:
+            return x
         check_tensor(x, name)
         self._same_device(x, name)
         if x.dtype != self.dtype:
@@ -113,6 +116,9 @@ class Rows:
         """A flag input: any bool/int/float dtype, broadcastable to ``shape`` (default: per step)."""
         if x is None:
             return None
+        if type(x) is torch.Tensor and x.shape == (self.shape if shape is None else shape) and x.dtype in FLAG_DTYPES \
+                and x.device == self.device:
+            return x
         check_tensor(x, name, dtypes=FLAG_DTYPES, kind="a bool, integer or float")
         self._same_device(x, name)
         self.check_broadcast(x, name, self.shape if shape is None else shape)
