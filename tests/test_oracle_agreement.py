@@ -401,3 +401,36 @@ def test_oracle_gae_targets_equal_td_lambda(data):
     adv, tgt = oracle.gae(r, v, nv_consistent, term, done, g, lam)
     G = oracle.td_lambda_return(r, nv_consistent, term, done, g, lam)
     np.testing.assert_allclose(tgt, G, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("flags", ["done", "terminated_truncated", "observation_aligned"])
+def test_cpu_gae_row_blocks_for_time_major_memory(flags, rt, monkeypatch):
+    """Time-major GAE on the CPU backend steps blocks of rows through time together (large
+    rollouts); forced here at a small size with a partial last block."""
+    from rl_triton.core import cpu
+
+    if not cpu.AVAILABLE:
+        pytest.skip("needs numba")
+    monkeypatch.setattr(cpu, "ROW_BLOCK_MIN_ELEMENTS", 0)
+    T, N = 37, cpu.ROW_BLOCK + 45
+    g = torch.Generator().manual_seed(3)
+    r, v, nv = (torch.randn(T, N, generator=g, dtype=torch.float64) for _ in range(3))
+    term = torch.rand(T, N, generator=g) < 0.05
+    trunc = (torch.rand(T, N, generator=g) < 0.05) & ~term
+    boot = torch.randn(N, generator=g, dtype=torch.float64)
+    gam, lam = np.full((N, T), 0.99), np.full((N, T), 0.95)
+    vn = v.T.numpy()
+    if flags == "done":
+        got = rt.gae(r, v, bootstrap_value=boot, done=term, time_dim=0, backend="cpu")[0]
+        want = oracle.gae(r.T.numpy(), vn, oracle.implied_next_values(vn, boot.numpy()), term.T.numpy(),
+                          term.T.numpy(), gam, lam)[0]
+    elif flags == "terminated_truncated":
+        got = rt.gae(r, v, next_values=nv, terminated=term, truncated=trunc, time_dim=0, backend="cpu")[0]
+        want = oracle.gae(r.T.numpy(), vn, nv.T.numpy(), term.T.numpy(), (term | trunc).T.numpy(), gam, lam)[0]
+    else:
+        starts = torch.cat([torch.zeros(1, N, dtype=torch.bool), term[:-1]], 0)
+        got = rt.gae(r, v, bootstrap_value=boot, episode_starts=starts, last_done=term[-1], time_dim=0,
+                     backend="cpu")[0]
+        want = oracle.gae(r.T.numpy(), vn, oracle.implied_next_values(vn, boot.numpy()), term.T.numpy(),
+                          term.T.numpy(), gam, lam)[0]
+    np.testing.assert_allclose(got.T.numpy(), want, rtol=1e-12, atol=1e-12)

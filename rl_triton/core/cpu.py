@@ -67,6 +67,33 @@ def _gae(r, v, nv, boot, term, done, trunc, last, g, l, nv_mode, done_mode, adv,
             tgt[i, t] = acc + v[i, t]
 
 
+ROW_BLOCK = 256  # rows advanced together per time step in time-major memory (1 KB of float32)
+# below this many elements the rows of a time-major rollout stay in cache and walking them one
+# by one is faster (measured on the 2-core CPU machine: 0.8-0.95x at 1k-512k elements, 2x at 2M)
+ROW_BLOCK_MIN_ELEMENTS = 1 << 20
+
+
+def _gae_row_blocks(r, v, nv, boot, term, done, trunc, last, g, l, nv_mode, done_mode, adv, tgt):
+    """``_gae`` for time-major memory (rows adjacent): blocks of rows step through time together,
+    so each step reads contiguous runs instead of one element per cache line."""
+    R, T = r.shape
+    for blk in prange((R + ROW_BLOCK - 1) // ROW_BLOCK):
+        lo = blk * ROW_BLOCK
+        hi = min(lo + ROW_BLOCK, R)
+        acc = np.zeros(ROW_BLOCK)
+        for t in range(T - 1, -1, -1):
+            tn = min(t + 1, T - 1)
+            end = t == T - 1
+            for i in range(lo, hi):
+                nterm, ndone = _flags(term[i, t], done[i, t], done[i, tn], trunc[i, t], last[i], done_mode, end)
+                nvt = _next_value(nv[i, t], v[i, tn], boot[i], nv_mode, end)
+                a, b = _c_gae(r[i, t], v[i, t], nvt, nterm, ndone, g[i, t], l[i, t])
+                x = a + b * acc[i - lo]
+                acc[i - lo] = x
+                adv[i, t] = x
+                tgt[i, t] = x + v[i, t]
+
+
 def _td_lambda(r, nv, term, done, trunc, last, g, l, done_mode, out):
     R, T = r.shape
     for i in prange(R):
@@ -165,8 +192,8 @@ _compiled: dict = {}
 PARALLEL_MIN_ELEMENTS = 1 << 17  # below this, starting the thread pool costs more than it saves
 
 
-def _kernel(name: str, dtype: np.dtype, parallel: bool):
-    key = (name, dtype, parallel)
+def _kernel(name: str, dtype: np.dtype, parallel: bool, row_blocks: bool = False):
+    key = (name, dtype, parallel, row_blocks)
     if key not in _compiled:
         ft = nb.from_dtype(dtype)
         types = {
@@ -177,7 +204,8 @@ def _kernel(name: str, dtype: np.dtype, parallel: bool):
             "s": nb.types.float64, "i": nb.types.int64, "b": nb.types.boolean,
         }
         sig = nb.types.void(*(types[k] for k in kinds(name, outputs="o2")))
-        _compiled[key] = nb.njit(sig, parallel=parallel, cache=True, nogil=True)(KERNELS[name])
+        fn = ROW_BLOCK_KERNELS[name] if row_blocks else KERNELS[name]
+        _compiled[key] = nb.njit(sig, parallel=parallel, cache=True, nogil=True)(fn)
     return _compiled[key]
 
 
@@ -185,6 +213,8 @@ KERNELS = {
     "gae": _gae, "td_lambda": _td_lambda, "discounted": _discounted, "vtrace": _vtrace,
     "retrace": _retrace, "forward_trace": _forward_trace, "affine_scan": _affine_scan,
 }
+# time-major variants (SB3's and CleanRL's GAE); the other algorithms walk one row at a time
+ROW_BLOCK_KERNELS = {"gae": _gae_row_blocks}
 
 
 _NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
@@ -239,4 +269,7 @@ def run(name: str, dtype: torch.dtype, *args) -> None:
     rows, steps = args[0].shape[:2]
     converted = [_adapt(k, a, rows, steps, dtype) for k, a in zip(kinds(name), args)]
     parallel = rows > 1 and rows * steps >= PARALLEL_MIN_ELEMENTS
-    _kernel(name, _NUMPY_DTYPES[dtype], parallel)(*converted)
+    ref = args[0]
+    row_blocks = (name in ROW_BLOCK_KERNELS and rows * steps >= ROW_BLOCK_MIN_ELEMENTS and rows > 1
+                  and ref.stride(0) < ref.stride(1))
+    _kernel(name, _NUMPY_DTYPES[dtype], parallel, row_blocks)(*converted)
