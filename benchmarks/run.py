@@ -324,11 +324,9 @@ def _progress(total):
 
 def results_from_md(path):
     """The timed rows of a table written by --md, as the dicts ``plots`` takes."""
-    results, floors, bw = [], {}, None
+    results, floors = [], {}
     with open(path) as f:
         for line in f:
-            if line.startswith("Copy bandwidth"):
-                bw = float(line.split(":")[1].split("TB/s")[0])
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if len(cells) != 10 or not cells[4].replace(".", "").isdigit():
                 continue

@@ -4,12 +4,17 @@
 The launch plan is a small function of (rows, T, dtype):
 
 - ``BLOCK_T`` = next power of two of T, at most 1024 steps (512 in float64): rows up to that
-  length are one chunk, longer rows are walked in chunks with the carry in registers;
+  length are one chunk, longer rows are walked in chunks with the carry in registers; when the
+  rows alone fill the GPU four times over, 128-step chunks (more programs in flight);
 - ``BLOCK_R`` fills a tile of ~512 elements, so many short rows share one program, with one
   warp per 128 elements (measured best on the H200 for balanced shapes, docs/benchmarks.md);
 - when the row programs alone cannot fill the GPU (fewer than 2 per multiprocessor) and rows
   span at least 4 chunks, the time axis is split into segments: one pass reduces each segment
   to an affine map, a second folds the maps into carries and scans (reduce-then-scan).
+
+Launches: the first launch of each argument specialisation (dtypes, alignment, strides, sizes)
+goes through Triton's dispatch, which compiles or finds the kernel; the compiled kernel is kept
+under that key and later launches call its launcher directly (``_launch``).
 """
 
 from __future__ import annotations
