@@ -44,7 +44,10 @@ def _run(method, buf, last_values, dones):
 @pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (1.0, 1.0), (0.9, 1.0), (0.99, 0.0), (0.0, 0.5)])
 @pytest.mark.parametrize("T,N", [(1, 1), (7, 3), (64, 8), (333, 5)])
 @pytest.mark.parametrize("dict_obs", [False, True])
-def test_matches_sb3(T, N, gamma, lam, dict_obs):
+@pytest.mark.parametrize("short_rollouts", ["sb3_loop", "fused"])
+def test_matches_sb3(T, N, gamma, lam, dict_obs, short_rollouts, monkeypatch):
+    if short_rollouts == "fused":  # the fused call at every length, short rollouts included
+        monkeypatch.setattr(rt_sb3, "LOOP_MAX_STEPS", 0)
     rng = np.random.default_rng(T * 100 + N)
     cls = DictRolloutBuffer if dict_obs else RolloutBuffer
     for trial in range(3):
@@ -135,6 +138,22 @@ def test_rollout_buffer_class(monkeypatch):
     model.learn(64)
     assert isinstance(model.rollout_buffer, rt_sb3.FastRolloutBuffer)
     assert len(calls) >= 2 and not rt_sb3.is_patched()
+
+
+def test_short_rollouts_keep_sb3s_loop_on_the_cpu(monkeypatch):
+    calls = _counting(monkeypatch)
+    for T, fused in ((rt_sb3.LOOP_MAX_STEPS, False), (rt_sb3.LOOP_MAX_STEPS + 1, True)):
+        ref_buf = _filled(RolloutBuffer, T, 4, 0.99, 0.95, np.random.default_rng(T))
+        buf = _filled(RolloutBuffer, T, 4, 0.99, 0.95, np.random.default_rng(T))
+        last_values, dones = torch.randn(4, 1), np.array([True, False, False, True])
+        ref_adv, ref_ret = _run(ORIGINAL, ref_buf, last_values, dones)
+        before = len(calls)
+        adv, ret = _run(rt_sb3.compute_returns_and_advantage, buf, last_values, dones)
+        assert (len(calls) > before) == fused
+        if not fused:  # SB3's own loop: the same bits
+            np.testing.assert_array_equal(adv, ref_adv)
+            np.testing.assert_array_equal(ret, ref_ret)
+        np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

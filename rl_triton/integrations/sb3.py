@@ -35,6 +35,9 @@ __all__ = ["FastDictRolloutBuffer", "FastRolloutBuffer", "is_patched", "patch", 
 
 _ORIGINAL = _buffers.RolloutBuffer.__dict__["compute_returns_and_advantage"]
 _settings = {"device": "cpu", "gpu_min_elements": 1 << 16}  # crossover measured on an H200 host, docs/sb3.md
+# SB3's loop costs ~4 us per step, the fused call ~55 us whatever the size (CPU machine,
+# docs/sb3.md): rollouts this short (A2C's default is 5 steps) keep SB3's own loop on the CPU
+LOOP_MAX_STEPS = 12
 
 
 def _target_device(name, n_elements: int) -> torch.device:
@@ -47,8 +50,10 @@ def _target_device(name, n_elements: int) -> torch.device:
 def compute_returns_and_advantage(self, last_values: torch.Tensor, dones: np.ndarray) -> None:
     """GAE over the buffer (SB3's semantics) as one fused scan; see the module docstring."""
     T, N = self.rewards.shape
-    returns = np.empty_like(self.values)
     device = _target_device(getattr(self, "gae_device", None) or _settings["device"], T * N)
+    if device.type == "cpu" and T <= LOOP_MAX_STEPS:
+        return _ORIGINAL(self, last_values, dones)
+    returns = np.empty_like(self.values)
     # SB3 keeps the flags as float32; one byte per flag is what the kernels read fastest (and
     # what a GPU copy moves), so they are compared with 0 once on the way in
     starts, last = self.episode_starts != 0, np.asarray(dones).reshape(N) != 0
