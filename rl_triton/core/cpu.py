@@ -213,6 +213,7 @@ KERNELS = {
     "gae": _gae, "td_lambda": _td_lambda, "discounted": _discounted, "vtrace": _vtrace,
     "retrace": _retrace, "forward_trace": _forward_trace, "affine_scan": _affine_scan,
 }
+_KINDS = {name: kinds(name) for name in KERNELS}
 # time-major variants (SB3's and CleanRL's GAE); the other algorithms walk one row at a time
 ROW_BLOCK_KERNELS = {"gae": _gae_row_blocks}
 
@@ -248,26 +249,26 @@ def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
 
     Absent or constant arrays become stride-0 broadcasts, flags become uint8 0/1.
     """
+    if isinstance(x, torch.Tensor):
+        if x.requires_grad:  # the fused path runs with autograd off; numpy() refuses such tensors
+            x = x.detach()
+        if kind[0] == "u":
+            if x.dtype == torch.bool or x.dtype == torch.int8:
+                return x.numpy().view(np.uint8)
+            return (x if x.dtype == torch.uint8 else (x != 0).view(torch.uint8)).numpy()
+        return (x if x.dtype == dtype else x.to(dtype)).numpy()
     if kind in ("s", "i", "b"):
         return x
-    if not isinstance(x, torch.Tensor):
-        if kind in ("u1", "u2"):
-            return _constant(0, np.uint8, (rows, steps)[: int(kind[1])])
-        shape = {"f1": (rows,), "f2": (rows, steps), "f3": (rows, steps, 1)}[kind]
-        return _constant(0.0 if x is None else float(x), _NUMPY_DTYPES[dtype], shape)
-    if x.requires_grad:  # the fused path runs with autograd off; numpy() refuses such tensors
-        x = x.detach()
-    if kind in ("u1", "u2"):
-        if x.dtype in (torch.bool, torch.int8):
-            return x.view(torch.uint8).numpy()
-        return (x if x.dtype == torch.uint8 else (x != 0).view(torch.uint8)).numpy()
-    return (x if x.dtype == dtype else x.to(dtype)).numpy()
+    if kind[0] == "u":
+        return _constant(0, np.uint8, (rows, steps)[: int(kind[1])])
+    shape = {"f1": (rows,), "f2": (rows, steps), "f3": (rows, steps, 1)}[kind]
+    return _constant(0.0 if x is None else float(x), _NUMPY_DTYPES[dtype], shape)
 
 
 def run(name: str, dtype: torch.dtype, *args) -> None:
     """Run kernel ``name`` (arguments: ``signatures.KINDS``); floats are computed in ``dtype``."""
     rows, steps = args[0].shape[:2]
-    converted = [_adapt(k, a, rows, steps, dtype) for k, a in zip(kinds(name), args)]
+    converted = [_adapt(k, a, rows, steps, dtype) for k, a in zip(_KINDS[name], args)]
     parallel = rows > 1 and rows * steps >= PARALLEL_MIN_ELEMENTS
     ref = args[0]
     row_blocks = (name in ROW_BLOCK_KERNELS and rows * steps >= ROW_BLOCK_MIN_ELEMENTS and rows > 1
