@@ -267,10 +267,10 @@ def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
 
 def run(name: str, dtype: torch.dtype, *args) -> None:
     """Run kernel ``name`` (arguments: ``signatures.KINDS``); floats are computed in ``dtype``."""
-    rows, steps = args[0].shape[:2]
+    ref = args[0]
+    rows, steps = ref.shape[:2]
     converted = [_adapt(k, a, rows, steps, dtype) for k, a in zip(_KINDS[name], args)]
     parallel = rows > 1 and rows * steps >= PARALLEL_MIN_ELEMENTS
-    ref = args[0]
     row_blocks = (name in ROW_BLOCK_KERNELS and rows * steps >= ROW_BLOCK_MIN_ELEMENTS and rows > 1
                   and ref.stride(0) < ref.stride(1))
     _kernel(name, _NUMPY_DTYPES[dtype], parallel, row_blocks)(*converted)

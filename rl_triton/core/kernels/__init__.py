@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -100,21 +101,30 @@ _launches: dict = {}
 _KINDS = {name: kinds(name) for name in KINDS}
 
 
-def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, device: torch.device):
-    """Grid, segment arguments and compile-time options of one launch, cached per shape class."""
+class _Config(NamedTuple):
+    """One launch shape: grid, segment arguments, the engine's constexpr arguments in its order
+    (BUILD ... SEG_BLOCK) per phase, num_warps, and the part of the kernel cache key it fixes."""
+
+    grid: tuple
+    seg_chunks: int
+    n_seg: int
+    constexprs: dict
+    num_warps: int
+    key: tuple
+
+
+def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, device: torch.device) -> _Config:
+    """The launch of ``name`` on R rows of T steps, cached per shape class."""
     key = (name, R, T, acc64, reverse, device)
     config = None if _forced else _launches.get(key)
     if config is None:
         build, init, store, _, need_prev = ALGORITHMS[name]
         block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device)
         acc = tl.float64 if acc64 else tl.float32
-        options = dict(BUILD=build, INIT=init, STORE=store, REVERSE=reverse, NEED_PREV=need_prev, ACC=acc,
-                       BLOCK_R=block_r, BLOCK_T=block_t, SEG_BLOCK=seg_block, num_warps=num_warps)
-        # the constexpr arguments after PHASE in the engine's order, for direct launches
-        tail = (acc, block_r, block_t, seg_block)
-        options["_tail"] = {p: (build, init, store, reverse, need_prev, p, *tail) for p in (0, 1, 2)}
-        options["_key"] = (name, acc64, reverse, block_r, block_t, seg_block, num_warps, device)
-        config = ((_cdiv(R, block_r), n_seg), seg_chunks, n_seg, options)
+        constexprs = {phase: (build, init, store, reverse, need_prev, phase, acc, block_r, block_t, seg_block)
+                      for phase in (0, 1, 2)}
+        config = _Config((_cdiv(R, block_r), n_seg), seg_chunks, n_seg, constexprs, num_warps,
+                         (name, acc64, reverse, block_r, block_t, seg_block, num_warps, device))
         if not _forced:
             _launches[key] = config
     return config
@@ -159,30 +169,27 @@ def _pack(arg_kinds, args, R: int, T: int, acc64: bool, device):
 _compiled: dict = {}
 
 
-def _launch(key, grid, ins, outs, ws, runtime, phase, options):
+def _launch(key, config: _Config, ins, outs, ws, runtime, phase):
     """Launch one phase of the engine. The first launch of a specialisation goes through Triton's
     dispatch (compiling if needed); later ones call the compiled kernel directly, skipping the
     per-call argument binding and key hashing that dominate a small launch's host time."""
     key = (key, phase)
     kernel = _compiled.get(key)
+    grid, constexprs = config.grid, config.constexprs[phase]
     if kernel is not None and not _hooks_active():
-        stream = _current_stream(ws.device.index)
+        stream = _stream_getter()(ws.device.index)
         kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                   ins, outs, ws, *runtime, *options["_tail"][phase])
+                   ins, outs, ws, *runtime, *constexprs)
         return
-    kwargs = {k: v for k, v in options.items() if not k.startswith("_")}
-    kernel = scan_kernel[grid](ins, outs, ws, *runtime, PHASE=phase, **kwargs)
+    kernel = scan_kernel[grid](ins, outs, ws, *runtime, *constexprs, num_warps=config.num_warps)
     if not INTERPRET and hasattr(kernel, "packed_metadata") and hasattr(kernel, "function"):
         _compiled[key] = kernel
 
 
 @functools.lru_cache(maxsize=None)
 def _stream_getter():
+    """Triton's current-stream function (looked up once: the driver is a lazy proxy)."""
     return driver.active.get_current_stream
-
-
-def _current_stream(index: int):
-    return _stream_getter()(index)
 
 
 def _hooks_active() -> bool:
@@ -207,18 +214,18 @@ def run(name: str, *args) -> None:
     ins, outs = tuple(packed[:-n_out]), tuple(packed[-n_out:])
     if reverse is None:
         reverse = bool(args[3])
-    grid, seg_chunks, n_seg, options = _launch_config(name, R, T, acc64, reverse, device)
-    runtime = (R, T, seg_chunks, n_seg)
+    config = _launch_config(name, R, T, acc64, reverse, device)
+    runtime = (R, T, config.seg_chunks, config.n_seg)
     # the workspace is a fresh (aligned) allocation, or the first input, which the key covers
-    key = (options["_key"], spec, runtime)
+    key = (config.key, spec, runtime)
     other_gpu = device.type == "cuda" and device.index != torch.cuda.current_device()
     with torch.cuda.device(device) if other_gpu else contextlib.nullcontext():
-        if n_seg > 1:
-            ws = torch.empty(R * n_seg * 2, dtype=torch.float64 if acc64 else torch.float32, device=device)
-            _launch(key, grid, ins, outs, ws, runtime, 1, options)
-            _launch(key, grid, ins, outs, ws, runtime, 2, options)
+        if config.n_seg > 1:
+            ws = torch.empty(R * config.n_seg * 2, dtype=torch.float64 if acc64 else torch.float32, device=device)
+            _launch(key, config, ins, outs, ws, runtime, 1)
+            _launch(key, config, ins, outs, ws, runtime, 2)
         else:
-            _launch(key, grid, ins, outs, ref, runtime, 0, options)
+            _launch(key, config, ins, outs, ref, runtime, 0)
 
 
 def affine_scan(alpha, beta, carry, reverse: bool):
