@@ -13,11 +13,10 @@ Outputs as in torchrl_ppo_mujoco.py (whose helpers this script reuses).
 from __future__ import annotations
 
 import torch
-from torch import nn
 from torchrl.objectives import A2CLoss
 from torchrl.objectives.value import VTrace
 
-from torchrl_ppo_mujoco import ENV, main
+from torchrl_ppo_mujoco import ENV, main, minibatch_pass
 
 
 def impala_build(args):
@@ -32,14 +31,7 @@ def impala_build(args):
                 if epoch:  # V-trace again, now off-policy by one pass of updates
                     with torch.no_grad():
                         adv_module(data)
-                flat = data.reshape(-1)
-                for idx in torch.randperm(flat.numel(), device=flat.device).split(512):
-                    out = loss(flat[idx])
-                    total = out["loss_objective"] + out["loss_critic"]
-                    optim.zero_grad()
-                    total.backward()
-                    nn.utils.clip_grad_norm_(loss.parameters(), 40.0)
-                    optim.step()
+                minibatch_pass(loss, optim, data, 512, ("loss_objective", "loss_critic"), 40.0)
 
         return adv_module, loss, update
 

@@ -125,19 +125,25 @@ def ppo_build(args):
         optim = torch.optim.Adam(loss.parameters(), lr=3e-4)
 
         def update(data):
-            flat = data.reshape(-1)
             for _ in range(4):
-                for idx in torch.randperm(flat.numel()).split(256):
-                    out = loss(flat[idx])
-                    total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
-                    optim.zero_grad()
-                    total.backward()
-                    nn.utils.clip_grad_norm_(loss.parameters(), 1.0)
-                    optim.step()
+                minibatch_pass(loss, optim, data, 256, ("loss_objective", "loss_critic", "loss_entropy"), 1.0)
 
         return adv_module, loss, update
 
     return build
+
+
+def minibatch_pass(loss, optim, data, batch_size: int, terms, max_grad_norm: float):
+    """One pass over the batch in shuffled minibatches: the sum of the loss ``terms``, clipped
+    gradients, an optimiser step each."""
+    flat = data.reshape(-1)
+    for idx in torch.randperm(flat.numel(), device=flat.device).split(batch_size):
+        out = loss(flat[idx])
+        total = sum(out[term] for term in terms)
+        optim.zero_grad()
+        total.backward()
+        nn.utils.clip_grad_norm_(loss.parameters(), max_grad_norm)
+        optim.step()
 
 
 def report(results, out: str, title: str):
