@@ -23,7 +23,7 @@ from . import coefficients as C
 
 AVAILABLE = nb is not None
 
-from .signatures import DONE_ARRAY, DONE_OBS_ALIGNED, NV_EXPLICIT, kinds
+from .signatures import DONE_ARRAY, DONE_OBS_ALIGNED, NV_EXPLICIT, NV_IMPLIED, kinds
 
 
 if AVAILABLE:
@@ -89,6 +89,49 @@ def _gae_row_blocks(r, v, nv, boot, term, done, trunc, last, g, l, nv_mode, done
                 nterm, ndone = _flags(term[i, t], done[i, t], done[i, tn], trunc[i, t], last[i], done_mode, end)
                 nvt = _next_value(nv[i, t], v[i, tn], boot[i], nv_mode, end)
                 a, b = _c_gae(r[i, t], v[i, t], nvt, nterm, ndone, g[i, t], l[i, t])
+                x = a + b * acc[i - lo]
+                acc[i - lo] = x
+                adv[i, t] = x
+                tgt[i, t] = x + v[i, t]
+
+
+def _gae_episode_starts(r, v, starts, boot, last, g, l, adv, tgt):
+    """``_gae`` for SB3's and CleanRL's call (observation-aligned flags, implied next values,
+    constant gamma and lambda), without the stand-in inputs and mode branches of the general
+    kernel: done[t] = starts[t+1], done[T-1] = last, every done a termination."""
+    R, T = r.shape
+    for i in prange(R):
+        nd = 0.0 if last[i] != 0 else 1.0
+        a, b = _c_gae(r[i, T - 1], v[i, T - 1], boot[i], nd, nd, g, l)
+        acc = a * 1.0
+        adv[i, T - 1] = acc
+        tgt[i, T - 1] = acc + v[i, T - 1]
+        for t in range(T - 2, -1, -1):
+            nd = 0.0 if starts[i, t + 1] != 0 else 1.0
+            a, b = _c_gae(r[i, t], v[i, t], v[i, t + 1], nd, nd, g, l)
+            acc = a + b * acc
+            adv[i, t] = acc
+            tgt[i, t] = acc + v[i, t]
+
+
+def _gae_episode_starts_blocks(r, v, starts, boot, last, g, l, adv, tgt):
+    """``_gae_episode_starts`` for time-major memory: blocks of rows step through time together
+    (1.3x at 8 rows, 1.9x from 16 rows than walking rows there, A/B on the CPU machine)."""
+    R, T = r.shape
+    for blk in prange((R + ROW_BLOCK - 1) // ROW_BLOCK):
+        lo = blk * ROW_BLOCK
+        hi = min(lo + ROW_BLOCK, R)
+        acc = np.empty(ROW_BLOCK)
+        for i in range(lo, hi):
+            nd = 0.0 if last[i] != 0 else 1.0
+            a, b = _c_gae(r[i, T - 1], v[i, T - 1], boot[i], nd, nd, g, l)
+            acc[i - lo] = a
+            adv[i, T - 1] = a
+            tgt[i, T - 1] = a + v[i, T - 1]
+        for t in range(T - 2, -1, -1):
+            for i in range(lo, hi):
+                nd = 0.0 if starts[i, t + 1] != 0 else 1.0
+                a, b = _c_gae(r[i, t], v[i, t], v[i, t + 1], nd, nd, g, l)
                 x = a + b * acc[i - lo]
                 acc[i - lo] = x
                 adv[i, t] = x
@@ -193,8 +236,9 @@ _compiled: dict = {}
 PARALLEL_MIN_ELEMENTS = 1 << 17  # below this, starting the thread pool costs more than it saves
 
 
-def _kernel(name: str, dtype: np.dtype, parallel: bool, row_blocks: bool = False):
-    key = (name, dtype, parallel, row_blocks)
+def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
+    """``fn`` compiled for arguments of ``arg_kinds`` (``signatures.KINDS``) in float ``dtype``."""
+    key = (fn.__name__, dtype, parallel)
     if key not in _compiled:
         ft = nb.from_dtype(dtype)
         types = {
@@ -204,11 +248,9 @@ def _kernel(name: str, dtype: np.dtype, parallel: bool, row_blocks: bool = False
             "u1": nb.types.Array(nb.types.uint8, 1, "A", readonly=True), "o2": nb.types.Array(ft, 2, "A"),
             "s": nb.types.float64, "i": nb.types.int64, "b": nb.types.boolean,
         }
-        sig = nb.types.void(*(types[k] for k in kinds(name, outputs="o2")))
-        fn = ROW_BLOCK_KERNELS[name] if row_blocks else KERNELS[name]
-        if parallel:
-            fn = _renamed(fn, "_parallel")
-        _compiled[key] = nb.njit(sig, parallel=parallel, cache=True, nogil=True)(fn)
+        sig = nb.types.void(*(types[k] for k in arg_kinds))
+        _compiled[key] = nb.njit(sig, parallel=parallel, cache=True, nogil=True)(
+            _renamed(fn, "_parallel") if parallel else fn)
     return _compiled[key]
 
 
@@ -225,9 +267,10 @@ KERNELS = {
     "gae": _gae, "td_lambda": _td_lambda, "discounted": _discounted, "vtrace": _vtrace,
     "retrace": _retrace, "forward_trace": _forward_trace, "affine_scan": _affine_scan,
 }
-_KINDS = {name: kinds(name) for name in KERNELS}
+_KINDS = {name: kinds(name, outputs="o2") for name in KERNELS}
 # time-major variants (SB3's and CleanRL's GAE); the other algorithms walk one row at a time
 ROW_BLOCK_KERNELS = {"gae": _gae_row_blocks}
+_EPISODE_STARTS_KINDS = "f2 f2 u2 f1 u1 s s o2 o2".split()
 
 
 _NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
@@ -305,12 +348,29 @@ def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
     return _constant(0.0 if x is None else float(x), _NUMPY_DTYPES[dtype], shape)
 
 
+def _episode_starts_args(args, np_dtype):
+    """GAE's arguments in ``_gae_episode_starts``'s form when the call is SB3's or CleanRL's,
+    else None. Python-number coefficients are applied in the compute dtype, as everywhere."""
+    r, v, nv, boot, term, starts, trunc, last, g, l, nv_mode, done_mode, adv, tgt = args
+    if (nv_mode != NV_IMPLIED or done_mode != DONE_OBS_ALIGNED or boot is None or isinstance(g, torch.Tensor)
+            or isinstance(l, torch.Tensor)):
+        return None
+    return r, v, starts, boot, last, float(np_dtype.type(g)), float(np_dtype.type(l)), adv, tgt
+
+
 def run(name: str, dtype: torch.dtype, *args) -> None:
     """Run kernel ``name`` (arguments: ``signatures.KINDS``); floats are computed in ``dtype``."""
     ref = args[0]
     rows, steps = ref.shape[:2]
-    converted = [_adapt(k, a, rows, steps, dtype) for k, a in zip(_KINDS[name], args)]
+    np_dtype = _NUMPY_DTYPES[dtype]
+    time_major = rows > 1 and ref.stride(0) < ref.stride(1)
+    fn, arg_kinds = KERNELS[name], _KINDS[name]
+    fast = _episode_starts_args(args, np_dtype) if name == "gae" else None
+    if fast is not None:
+        fn = _gae_episode_starts_blocks if time_major else _gae_episode_starts
+        args, arg_kinds = fast, _EPISODE_STARTS_KINDS
+    elif name in ROW_BLOCK_KERNELS and time_major and rows * steps >= ROW_BLOCK_MIN_ELEMENTS:
+        fn = ROW_BLOCK_KERNELS[name]
+    converted = [_adapt(k, a, rows, steps, dtype) for k, a in zip(arg_kinds, args)]
     parallel = rows > 1 and rows * steps >= PARALLEL_MIN_ELEMENTS
-    row_blocks = (name in ROW_BLOCK_KERNELS and rows * steps >= ROW_BLOCK_MIN_ELEMENTS and rows > 1
-                  and ref.stride(0) < ref.stride(1))
-    _kernel(name, _NUMPY_DTYPES[dtype], parallel, row_blocks)(*converted)
+    _kernel(fn, arg_kinds, np_dtype, parallel)(*converted)
