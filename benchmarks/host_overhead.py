@@ -1,9 +1,10 @@
 """Where the host time of one GPU call goes: launch throughput (calls issued back to back, one
 synchronize at the end, per call) of an empty Triton kernel, the engine launched directly with
 prepared arguments, ``kernels.run`` on validated views, and the public ``rl_triton.gae``; then a
-cProfile of the public call.
+cProfile of the public call. ``--cpu`` does the same for the numba backend on CPU tensors, with
+a row for the Python above the backend alone (``cpu.run`` replaced by a no-op).
 
-    python benchmarks/host_overhead.py [--shape 4096x128] [--profile 25]
+    python benchmarks/host_overhead.py [--shape 4096x128] [--profile 25] [--cpu]
 """
 
 import argparse
@@ -18,33 +19,50 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import rl_triton as rt  # noqa: E402
-from rl_triton.core import kernels  # noqa: E402
+from rl_triton.core import cpu, kernels  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run import _empty_kernel  # noqa: E402
 
 
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def per_call_us(fn, n=2000, reps=7):
     for _ in range(20):
         fn()
-    torch.cuda.synchronize()
+    _sync()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         for _ in range(n):
             fn()
-        torch.cuda.synchronize()
+        _sync()
         times.append((time.perf_counter() - start) / n * 1e6)
     return statistics.median(times)
+
+
+def _stubbed(fn):
+    """``fn`` with the numba backend's launch replaced by a no-op: the Python above it alone."""
+    def call():
+        run, cpu.run = cpu.run, lambda *a: None
+        try:
+            fn()
+        finally:
+            cpu.run = run
+    return call
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="4096x128")
     p.add_argument("--profile", type=int, default=25, help="cProfile rows to print (0: none)")
+    p.add_argument("--cpu", action="store_true", help="the numba backend on CPU tensors")
     args = p.parse_args()
     R, T = map(int, args.shape.split("x"))
-    dev = "cuda"
+    dev = "cpu" if args.cpu else "cuda"
     r, v = torch.randn(R, T, device=dev), torch.randn(R, T, device=dev)
     term = torch.rand(R, T, device=dev) < 0.02
     bv = torch.randn(R, device=dev)
@@ -52,22 +70,29 @@ def main():
     x = torch.empty(1, device=dev)
     call = lambda: rt.gae(r, v, bootstrap_value=bv, terminated=term)  # noqa: E731
     call_out = lambda: rt.gae(r, v, bootstrap_value=bv, terminated=term, out=(adv, ret))  # noqa: E731
-    run = lambda: kernels.run("gae", r, v, None, bv, term, None, None, None, 0.99, 0.95, 0, 0, adv, ret)  # noqa: E731
-    rows = [("empty Triton kernel (1 argument)", lambda: _empty_kernel[(1,)](x)),
-            ("kernels.run on validated [R, T] views", run),
-            ("rl_triton.gae(..., out=)", call_out),
-            ("rl_triton.gae(...)", call)]
+    views = ("gae", r, v, None, bv, term, None, None, None, 0.99, 0.95, 0, 0, adv, ret)
+    if args.cpu:
+        rows = [("cpu.run on validated [R, T] views", lambda: cpu.run(views[0], torch.float32, *views[1:])),
+                ("rl_triton.gae(..., out=), cpu.run a no-op", _stubbed(call_out)),
+                ("rl_triton.gae(..., out=)", call_out),
+                ("rl_triton.gae(...)", call)]
+    else:
+        rows = [("empty Triton kernel (1 argument)", lambda: _empty_kernel[(1,)](x)),
+                ("kernels.run on validated [R, T] views", lambda: kernels.run(*views)),
+                ("rl_triton.gae(..., out=)", call_out),
+                ("rl_triton.gae(...)", call)]
     print(f"launch throughput at {R}x{T} (us per call, calls back to back):")
     for name, fn in rows:
-        print(f"  {name:40s} {per_call_us(fn):7.1f}")
-    print(f"  compiled kernels launched directly: {len(kernels._compiled)}")
+        print(f"  {name:44s} {per_call_us(fn):7.1f}")
+    if not args.cpu:
+        print(f"  compiled kernels launched directly: {len(kernels._compiled)}")
     for name, fn in rows[1:] if args.profile else ():
         print(f"\ncProfile of {name}:")
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(2000):
             fn()
-        torch.cuda.synchronize()
+        _sync()
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
 
