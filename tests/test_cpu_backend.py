@@ -45,7 +45,6 @@ def test_serial_and_parallel_builds_have_their_own_cache_entries(tmp_path):
     assert cache_hits("parallel") == "0"  # compiled and saved
     assert cache_hits("serial") == "0"  # not the parallel build: compiled too
     assert cache_hits("serial") == "1"  # now found in the cache
-    assert cache_hits("parallel") == "1"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64, torch.int16,
