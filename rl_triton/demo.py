@@ -161,11 +161,10 @@ def sb3_calls(r: Rollout):
     last_values = torch.randn(rewards.shape[1], generator=torch.Generator().manual_seed(1)).numpy()
 
     def fast(backend: str):
-        es = torch.from_numpy(episode_starts)
-        # done[t] = episode_start[t+1], done[T-1] = last_done; SB3 folds the truncation
-        # bootstrap into the rewards, so every done is a termination.
-        d = torch.cat([es[1:], torch.from_numpy(last_dones).to(es.dtype)[None]], dim=0)
-        return rt.gae(torch.from_numpy(rewards), torch.from_numpy(values), done=d,
+        # SB3's flags read in place: done[t] = episode_starts[t+1], done[T-1] = last_done, all
+        # terminations (SB3 folds the truncation bootstrap into the rewards)
+        return rt.gae(torch.from_numpy(rewards), torch.from_numpy(values),
+                      episode_starts=torch.from_numpy(episode_starts), last_done=torch.from_numpy(last_dones),
                       bootstrap_value=torch.from_numpy(last_values), gamma=GAMMA, lmbda=LMBDA,
                       time_dim=0, backend=backend)
 
