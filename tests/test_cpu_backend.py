@@ -104,3 +104,27 @@ def test_episode_starts_gae_matches_oracle(dtype, layout, R, T, monkeypatch):
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     np.testing.assert_allclose(got.double().numpy(), want, rtol=tol, atol=tol)
     np.testing.assert_allclose(tgt.double().numpy(), want_tgt, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.bool, torch.bool), (torch.float32, torch.bool), (torch.uint8, torch.int64),
+                                    (torch.float16, torch.float16)])
+@pytest.mark.parametrize("layout", ["same", "transposed", "strided", "different"])
+def test_implies(dtypes, layout):
+    """``implies(a, b)``: b set wherever a is (terminated only where done), on any layout pair."""
+    g = torch.Generator().manual_seed(2)
+    b = torch.rand(5, 33, generator=g) < 0.4
+    a = b & (torch.rand(5, 33, generator=g) < 0.5)
+    views = {"same": lambda x: x, "transposed": lambda x: x.t().contiguous().t(),
+             "strided": lambda x: torch.zeros(5, 66, dtype=x.dtype)[:, ::2].copy_(x)}
+    if layout == "different":  # a time-major, b batch-major: the torch fallback
+        a_, b_ = views["transposed"](a.to(dtypes[0])), b.to(dtypes[1])
+    else:
+        a_, b_ = views[layout](a.to(dtypes[0])), views[layout](b.to(dtypes[1]))
+    assert cpu.implies(a_, b_)
+    assert cpu.implies(torch.zeros_like(a_), b_)
+    bad = a_.clone()
+    bad[4, 32] = 1
+    assert cpu.implies(bad, b_) == bool(b[4, 32])
+    bad[0, 0] = 1
+    b_[0, 0] = 0
+    assert not cpu.implies(bad, b_)

@@ -292,6 +292,13 @@ if AVAILABLE:
         return not bad
 
     @nb.njit(cache=True, nogil=True)
+    def _implies(a, b):
+        bad = False
+        for i in range(a.size):  # no early exit: the loop vectorises
+            bad |= (a[i] != 0) & (b[i] == 0)
+        return not bad
+
+    @nb.njit(cache=True, nogil=True)
     def _nonzero_bytes(a, out):
         for i in range(a.size):
             out[i] = a[i] != 0
@@ -327,6 +334,17 @@ def all_binary(x: torch.Tensor) -> bool:
     if a is not None:
         return bool(_all_binary(a.ravel(order="K")))
     return bool(((x == 0) | (x == 1)).all())
+
+
+def implies(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``b`` is set (nonzero) wherever ``a`` is: one pass over two flag tensors of one
+    shape and layout on CPU, the torch ops otherwise."""
+    x = _dense(a) if AVAILABLE and a.shape == b.shape and a.stride() == b.stride() else None
+    y = _dense(b) if x is not None else None
+    if y is not None:
+        x, y = (z.view(np.uint8) if z.dtype == np.bool_ else z for z in (x, y))
+        return bool(_implies(x.ravel(order="K"), y.ravel(order="K")))
+    return not bool(((a != 0) & (b == 0)).any())
 
 
 def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):

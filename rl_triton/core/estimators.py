@@ -72,7 +72,7 @@ class _Call:
                 "with optional terminated), not truncated together with done"
             )
         if self._check_binary(terminated=terminated, truncated=truncated, done=done):
-            if terminated is not None and done is not None and bool(((terminated != 0) & (done == 0)).any()):
+            if terminated is not None and done is not None and not cpu.implies(terminated, done):
                 raise ValueError("terminated is set at a step where done is not; done must include terminations")
         self.maybe_truncated = truncated is not None or (done is not None and terminated is not None)
         if done is not None:
