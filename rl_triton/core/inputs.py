@@ -51,8 +51,11 @@ def check_unit_interval(x, name: str):
         return x
     if isinstance(x, torch.Tensor):
         check_tensor(x, name)
-        if value_checks_on(x.device) and x.numel() and not bool(((x >= 0) & (x <= 1)).all()):
-            raise ValueError(f"{name} must lie in [0, 1]; the tensor has values outside")
+        if value_checks_on(x.device) and x.numel():
+            # one element (TorchRL keeps gamma as a 0-d buffer): a number compare, not three ops
+            inside = 0.0 <= float(x) <= 1.0 if x.numel() == 1 else bool(((x >= 0) & (x <= 1)).all())
+            if not inside:
+                raise ValueError(f"{name} must lie in [0, 1]; the tensor has values outside")
         return x
     if isinstance(x, bool) or not isinstance(x, Real):
         raise TypeError(f"{name} must be a float or a tensor, got {type(x).__name__}")
