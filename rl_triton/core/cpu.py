@@ -1,8 +1,11 @@
 """Compiled CPU backend: one numba loop per algorithm, parallel over rows, one pass over time.
 
 Arrays arrive as ``[R, T]`` numpy views of the caller's tensors (any strides, broadcast
-inputs with stride 0). Absent flags are zero arrays with stride 0, so each kernel has one
-signature per float dtype and compiles once (lazily, cached on disk).
+inputs with stride 0). Absent inputs and number coefficients become stride-0 arrays, so each
+kernel has one signature per float dtype and compiles once (lazily, cached on disk). The one
+call that dominates CPU use, SB3's and CleanRL's GAE (episode starts, implied next values,
+number coefficients), has kernels of its own without those stand-ins; in time-major memory
+they advance blocks of rows through time together.
 """
 
 from __future__ import annotations
