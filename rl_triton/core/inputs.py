@@ -53,7 +53,7 @@ def check_unit_interval(x, name: str):
         check_tensor(x, name)
         if value_checks_on(x.device) and x.numel():
             # one element (TorchRL keeps gamma as a 0-d buffer): a number compare, not three ops
-            inside = 0.0 <= float(x) <= 1.0 if x.numel() == 1 else bool(((x >= 0) & (x <= 1)).all())
+            inside = 0.0 <= float(x.detach()) <= 1.0 if x.numel() == 1 else bool(((x >= 0) & (x <= 1)).all())
             if not inside:
                 raise ValueError(f"{name} must lie in [0, 1]; the tensor has values outside")
         return x
