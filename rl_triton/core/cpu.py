@@ -119,7 +119,7 @@ def _gae_episode_starts(r, v, starts, boot, last, g, l, adv, tgt):
 
 def _gae_episode_starts_blocks(r, v, starts, boot, last, g, l, adv, tgt):
     """``_gae_episode_starts`` for time-major memory: blocks of rows step through time together
-    (1.3x at 8 rows, 1.9x from 16 rows than walking rows there, A/B on the CPU machine)."""
+    (A/B on the CPU machine: 1.3x walking the rows at 8 rows, 1.9x from 16 rows on)."""
     R, T = r.shape
     for blk in prange((R + ROW_BLOCK - 1) // ROW_BLOCK):
         lo = blk * ROW_BLOCK
