@@ -38,7 +38,9 @@ if AVAILABLE:
     _c_vtrace_pg = _inline(C.vtrace_pg)
     _c_retrace = _inline(C.retrace)
 
-    # helpers take scalars: passing arrays into a call in the loop costs reference counting
+    # helpers take scalars: passing arrays into a call in the loop costs reference counting.
+    # Kernels pass gamma as ``g[i, t] * 1.0`` so that products like gamma * lambda are formed in
+    # float64, not rounded to float32 first
 
     @_inline
     def _flags(term, done, done_next, trunc, last_done, done_mode, last):
@@ -65,7 +67,7 @@ def _gae(r, v, nv, boot, term, done, trunc, last, g, l, nv_mode, done_mode, adv,
             nterm, ndone = _flags(term[i, t], done[i, t], done[i, min(t + 1, T - 1)], trunc[i, t], last[i],
                                   done_mode, t == T - 1)
             nvt = _next_value(nv[i, t], v[i, min(t + 1, T - 1)], boot[i], nv_mode, t == T - 1)
-            a, b = _c_gae(r[i, t], v[i, t], nvt, nterm, ndone, g[i, t], l[i, t])
+            a, b = _c_gae(r[i, t], v[i, t], nvt, nterm, ndone, g[i, t] * 1.0, l[i, t])
             acc = a + b * acc
             adv[i, t] = acc
             tgt[i, t] = acc + v[i, t]
@@ -91,7 +93,7 @@ def _gae_row_blocks(r, v, nv, boot, term, done, trunc, last, g, l, nv_mode, done
             for i in range(lo, hi):
                 nterm, ndone = _flags(term[i, t], done[i, t], done[i, tn], trunc[i, t], last[i], done_mode, end)
                 nvt = _next_value(nv[i, t], v[i, tn], boot[i], nv_mode, end)
-                a, b = _c_gae(r[i, t], v[i, t], nvt, nterm, ndone, g[i, t], l[i, t])
+                a, b = _c_gae(r[i, t], v[i, t], nvt, nterm, ndone, g[i, t] * 1.0, l[i, t])
                 x = a + b * acc[i - lo]
                 acc[i - lo] = x
                 adv[i, t] = x
@@ -148,7 +150,7 @@ def _td_lambda(r, nv, term, done, trunc, last, g, l, done_mode, out):
         for t in range(T - 1, -1, -1):
             nterm, ndone = _flags(term[i, t], done[i, t], done[i, min(t + 1, T - 1)], trunc[i, t], last[i],
                                   done_mode, t == T - 1)
-            a, b = _c_td_lambda(r[i, t], nv[i, t], nterm, ndone, g[i, t], l[i, t])
+            a, b = _c_td_lambda(r[i, t], nv[i, t], nterm, ndone, g[i, t] * 1.0, l[i, t])
             acc = a + b * acc
             out[i, t] = acc
 
@@ -218,7 +220,7 @@ def _forward_trace(x, done, g, l, initial, out):
             if cut:
                 acc = x[i, t] * 1.0
             else:
-                acc = x[i, t] + g[i, t] * l[i, t] * acc
+                acc = x[i, t] + g[i, t] * 1.0 * l[i, t] * acc
             out[i, t] = acc
             cut = done[i, t] != 0
 
