@@ -1,7 +1,7 @@
-"""The numba backend's own mechanics: which build runs, and the flag passes it makes.
-
-Results against the oracle are covered for every backend in test_oracle_agreement.py; these
-tests pin down what those cannot see.
+"""The numba backend's own mechanics: which build runs, the flag passes it makes, and the
+kernels of SB3's and CleanRL's GAE call (checked against the oracle at the sizes that reach
+their row blocks). The general kernels are checked against the oracle for every backend in
+test_oracle_agreement.py.
 """
 
 from __future__ import annotations
