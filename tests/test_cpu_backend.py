@@ -128,3 +128,40 @@ def test_implies(dtypes, layout):
     bad[0, 0] = 1
     b_[0, 0] = 0
     assert not cpu.implies(bad, b_)
+
+
+def _every_estimator(x, starts, done, term, lp):
+    """One call of each estimator (and both GAE kernels) on CPU tensors [R, T]."""
+    R, T = x.shape
+    boot, nv = x[:, 0].clone(), x.roll(1, 1)
+    return [
+        *rl_triton.gae(x, nv, bootstrap_value=boot, episode_starts=starts, last_done=done[:, -1], backend="cpu"),
+        *rl_triton.gae(x.t().contiguous(), nv.t().contiguous(), bootstrap_value=boot,
+                       episode_starts=starts.t().contiguous(), last_done=done[:, -1], time_dim=0, backend="cpu"),
+        *rl_triton.gae(x, nv, next_values=nv * 0.5, done=done, terminated=term, backend="cpu"),
+        rl_triton.td_lambda_return(x, nv, done=done, terminated=term, backend="cpu"),
+        rl_triton.discounted_return(x, terminated=term, bootstrap_value=boot, backend="cpu"),
+        *rl_triton.vtrace(x, nv, lp, lp * 0.5, bootstrap_value=boot, terminated=term, backend="cpu"),
+        rl_triton.retrace(x, nv, lp, lp * 0.5, next_expected_q=nv * 0.3, done=done, terminated=term, backend="cpu"),
+        rl_triton.eligibility_trace(x, done=done, backend="cpu"),
+        rl_triton.episodic_cumsum(x, done=done, backend="cpu"),
+        rl_triton.affine_scan(x, torch.sigmoid(nv), backend="cpu"),
+    ]
+
+
+def test_parallel_builds_match_serial_ones(monkeypatch):
+    """Rows are independent, so the parallel builds give the serial results bit for bit."""
+    g = torch.Generator().manual_seed(4)
+    R, T = cpu.ROW_BLOCK + 45, 23
+    x = torch.randn(R, T, generator=g)
+    done = torch.rand(R, T, generator=g) < 0.1
+    term = done & (torch.rand(R, T, generator=g) < 0.5)
+    starts = torch.rand(R, T, generator=g) < 0.1
+    lp = 0.3 * torch.randn(R, T, generator=g)
+    monkeypatch.setattr(cpu, "PARALLEL_MIN_ELEMENTS", 1 << 62)
+    serial = _every_estimator(x, starts, done, term, lp)
+    monkeypatch.setattr(cpu, "PARALLEL_MIN_ELEMENTS", 0)
+    parallel = _every_estimator(x, starts, done, term, lp)
+    assert len(serial) == len(parallel) == 14
+    for s, p in zip(serial, parallel):
+        assert torch.equal(s, p)
