@@ -132,7 +132,6 @@ def test_implies(dtypes, layout):
 
 def _every_estimator(x, starts, done, term, lp):
     """One call of each estimator (and both GAE kernels) on CPU tensors [R, T]."""
-    R, T = x.shape
     boot, nv = x[:, 0].clone(), x.roll(1, 1)
     return [
         *rl_triton.gae(x, nv, bootstrap_value=boot, episode_starts=starts, last_done=done[:, -1], backend="cpu"),

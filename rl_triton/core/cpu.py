@@ -107,8 +107,7 @@ def _gae_episode_starts(r, v, starts, boot, last, g, l, adv, tgt):
     R, T = r.shape
     for i in prange(R):
         nd = 0.0 if last[i] != 0 else 1.0
-        a, b = _c_gae(r[i, T - 1], v[i, T - 1], boot[i], nd, nd, g, l)
-        acc = a * 1.0
+        acc, b = _c_gae(r[i, T - 1], v[i, T - 1], boot[i], nd, nd, g, l)
         adv[i, T - 1] = acc
         tgt[i, T - 1] = acc + v[i, T - 1]
         for t in range(T - 2, -1, -1):
@@ -276,7 +275,8 @@ KERNELS = {
     "retrace": _retrace, "forward_trace": _forward_trace, "affine_scan": _affine_scan,
 }
 _KINDS = {name: kinds(name, outputs="o2") for name in KERNELS}
-# time-major variants (SB3's and CleanRL's GAE); the other algorithms walk one row at a time
+# time-major variant of the general GAE kernel (SB3's and CleanRL's call has its own,
+# _gae_episode_starts_blocks); the other algorithms walk one row at a time
 ROW_BLOCK_KERNELS = {"gae": _gae_row_blocks}
 _EPISODE_STARTS_KINDS = "f2 f2 u2 f1 u1 s s o2 o2".split()
 
