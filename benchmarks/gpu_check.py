@@ -26,7 +26,7 @@ import oracle  # noqa: E402
 SHAPES = [(4096, 128), (16384, 512), (32768, 8), (64, 8192), (8, 32768), (1, 131072), (3, 1000003),
           (257, 999), (2048, 64, "time-major")]
 QUICK_SHAPES = [(5, 40), (3, 300), (2, 7, "time-major")]
-ALGOS = ["gae", "gae_gym", "gae_obs", "td_lambda", "discounted", "vtrace", "retrace", "retrace_pairs",
+ALGOS = ["gae", "gae_done", "gae_gym", "gae_obs", "td_lambda", "discounted", "vtrace", "retrace", "retrace_pairs",
          "eligibility", "cumsum", "scan_reverse", "scan_forward"]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float64: 1e-9}
 GAMMA, LMBDA = 0.99, 0.95
@@ -91,6 +91,8 @@ def expected(case, seed):
     done = term | trunc
     if algo == "gae":
         return oracle.gae(d["r"], d["v"], oracle.implied_next_values(d["v"], d["boot"]), term, term, g, l)
+    if algo == "gae_done":  # TorchRL style: done alone, every done a termination
+        return oracle.gae(d["r"], d["v"], oracle.implied_next_values(d["v"], d["boot"]), done, done, g, l)
     if algo == "gae_gym":
         return oracle.gae(d["r"], d["v"], d["nv"], term, done, d["gt"], l)
     if algo == "gae_obs":  # observation-aligned: episode starts = term shifted forward, last done = term[:, -1]
@@ -129,7 +131,7 @@ def actual(case, seed, device):
         return torch.from_numpy(x).to(dtype).to(device)
 
     kw = dict(time_dim=0 if tm else -1, backend="triton")
-    n_out = 2 if algo in ("gae", "gae_gym", "gae_obs", "vtrace") else 1
+    n_out = 2 if algo in ("gae", "gae_done", "gae_gym", "gae_obs", "vtrace") else 1
     shape = (T, R) if tm else (R, T)
     poison = [torch.full(shape, float("nan"), dtype=dtype, device=device) for _ in range(n_out)]
     kw["out"] = tuple(poison) if n_out == 2 else poison[0]
@@ -138,6 +140,8 @@ def actual(case, seed, device):
     r, v, nv = t(d["r"]), t(d["v"]), t(d["nv"])
     if algo == "gae":
         rt.gae(r, v, bootstrap_value=row(d["boot"]), terminated=term, gamma=GAMMA, lmbda=LMBDA, **kw)
+    elif algo == "gae_done":
+        rt.gae(r, v, bootstrap_value=row(d["boot"]), done=done_u8, gamma=GAMMA, lmbda=LMBDA, **kw)
     elif algo == "gae_obs":
         starts = np.concatenate([np.zeros((R, 1), bool), d["term"][:, :-1]], 1)
         rt.gae(r, v, bootstrap_value=row(d["boot"]), episode_starts=t(starts.astype(np.float32), torch.float32),

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # after PYTHONPATH: another checkout can be timed
 import rl_triton as rt  # noqa: E402
 from rl_triton.core import cpu, kernels  # noqa: E402
 

@@ -1,6 +1,6 @@
-"""Sweep forced launch plans of the Triton engine for GAE and print the fastest per shape.
+"""Sweep forced launch plans of the Triton engine for one estimator and print the fastest per shape.
 
-    python benchmarks/sweep_plan.py [--shapes 128x4096,64x8192]
+    python benchmarks/sweep_plan.py [--algo gae] [--shapes 128x4096,64x8192]
 
 Each plan compiles its own kernel, so a full sweep takes minutes: keep the shape list short.
 Device time is the median CUDA-graph replay (benchmarks/run.py). The default plan is
@@ -14,9 +14,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from peers import Problem  # noqa: E402
 from run import device_us  # noqa: E402
 
-import rl_triton as rt  # noqa: E402
 from rl_triton.core import kernels  # noqa: E402
 
 SHAPES = "128x4096,64x8192,8x32768,1x131072,32768x8,4096x128"
@@ -39,6 +40,7 @@ def plans(R, T, sms, block_ts=(64, 128, 256, 512, 1024), warps=(1, 2, 4, 8), spl
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--algo", default="gae", help="an estimator of benchmarks/run.py (gae, vtrace, ...)")
     p.add_argument("--shapes", default=SHAPES)
     p.add_argument("--block-t", default="64,128,256,512,1024", help="BLOCK_T values to try")
     p.add_argument("--warps", default="1,2,4,8", help="num_warps values to try")
@@ -49,16 +51,14 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for shape in args.shapes.split(","):
         R, T = map(int, shape.split("x"))
-        r = torch.randn(R, T, device="cuda")
-        v = torch.randn_like(r)
-        d = torch.rand_like(r) < 0.02
+        call = Problem(args.algo, R, T).call
         results = []
         for forced in plans(R, T, sms, ints(args.block_t), ints(args.warps), not args.no_split, args.max_tile):
             with kernels.forced_plan(**forced):
-                results.append((device_us(lambda: rt.gae(r, v, done=d), reps=5), forced))
+                results.append((device_us(call, reps=5), forced))
         results.sort(key=lambda x: x[0])
         best = " ".join(f"{t:.2f} {f}" for t, f in results[:3])
-        print(f"{shape}: auto {device_us(lambda: rt.gae(r, v, done=d)):.2f} us | best {best}", flush=True)
+        print(f"{args.algo} {shape}: auto {device_us(call):.2f} us | best {best}", flush=True)
 
 
 if __name__ == "__main__":

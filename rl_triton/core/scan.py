@@ -9,8 +9,6 @@ pass is one more scan on the same backend (and is itself differentiable).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from . import cpu, inputs
@@ -35,7 +33,7 @@ _resolved: dict = {}
 def resolve_backend(backend, device: torch.device) -> str:
     """Pick the backend for tensors on ``device``; ``None`` reads ``RL_TRITON_BACKEND``."""
     if backend is None:
-        backend = os.environ.get("RL_TRITON_BACKEND", "auto") or "auto"
+        backend = inputs.env("RL_TRITON_BACKEND") or "auto"
     key = (backend, device.type)
     if key not in _resolved:
         _resolved[key] = _resolve(backend, device)

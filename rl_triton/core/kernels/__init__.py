@@ -102,10 +102,13 @@ _KINDS = {name: kinds(name) for name in KINDS}
 
 
 class _Config(NamedTuple):
-    """One launch shape: grid, segment arguments, the engine's constexpr arguments in its order
-    (BUILD ... SEG_BLOCK) per phase, num_warps, and the part of the kernel cache key it fixes."""
+    """One launch shape: grid, block sizes, segment arguments, the engine's constexpr arguments in
+    its order (BUILD ... EVEN_T; IDX is added per call) per phase, num_warps, and the part of the
+    kernel cache key it fixes."""
 
     grid: tuple
+    block_r: int
+    block_t: int
     seg_chunks: int
     n_seg: int
     constexprs: dict
@@ -121,9 +124,10 @@ def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, device
         build, init, store, _, need_prev = ALGORITHMS[name]
         block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device)
         acc = tl.float64 if acc64 else tl.float32
-        constexprs = {phase: (build, init, store, reverse, need_prev, phase, acc, block_r, block_t, seg_block)
+        even = (R % block_r == 0, T % block_t == 0)
+        constexprs = {phase: (build, init, store, reverse, need_prev, phase, acc, block_r, block_t, seg_block, *even)
                       for phase in (0, 1, 2)}
-        config = _Config((_cdiv(R, block_r), n_seg), seg_chunks, n_seg, constexprs, num_warps,
+        config = _Config((_cdiv(R, block_r), n_seg), block_r, block_t, seg_chunks, n_seg, constexprs, num_warps,
                          (name, acc64, reverse, block_r, block_t, seg_block, num_warps, device))
         if not _forced:
             _launches[key] = config
@@ -140,48 +144,75 @@ def _scalar(x) -> float:
     return 0.0 if -_FLOAT32_TINY < x < _FLOAT32_TINY else x
 
 
-def _pack(arg_kinds, args, R: int, T: int, acc64: bool, device):
+_INT32_LIMIT = 2**31
+
+
+def _pack(arg_kinds, args, R: int, T: int, acc64: bool, device, pad_r: int, pad_t: int):
     """The arguments in the engine's form (strided views as tuples, constants as (None, value),
-    absent inputs and modes as None) and the key of their specialisation: tensor dtype, 16-byte
-    alignment and the strides themselves, a superset of what Triton specialises on, so a kernel
-    cached under it is reused only where Triton's dispatch would choose the same one."""
-    packed, spec = [], []
+    absent inputs and modes as None), twice: with tensors (for Triton's dispatch) and with their
+    device addresses (for direct launches); the key of their specialisation: tensor dtype,
+    16-byte alignment and the strides themselves, a superset of what Triton specialises on, so
+    a kernel cached under it is reused only where Triton's dispatch would choose the same one;
+    and whether some offset, padded tiles included, needs 64-bit indices."""
+    packed, direct, spec = [], [], []
+    extent = 0
     for kind, x in zip(arg_kinds, args):
         if x is None or kind == "i" or kind == "b":  # direction is a constexpr
-            packed.append(None)
-            spec.append(None)
+            p = d = s = None
         elif kind == "s":
-            packed.append(_scalar(x))
-            spec.append(1)
+            p = d = _scalar(x)
+            s = 1
         elif isinstance(x, torch.Tensor):
-            p = (x, *x.stride(), x.shape[2]) if kind == "f3" else (x, *x.stride())
-            packed.append(p)
-            spec.append((x.dtype, x.data_ptr() % 16 == 0, p[1:]))
+            strides = x.stride()
+            ptr = x.data_ptr()
+            if kind == "f3":
+                p, d = (x, *strides, x.shape[2]), (ptr, *strides, x.shape[2])
+                extent = max(extent, (R + pad_r) * strides[0] + (T + pad_t) * strides[1] + x.shape[2] * strides[2])
+            else:
+                p, d = (x, *strides), (ptr, *strides)
+                extent = max(extent, (R + pad_r) * strides[0] + ((T + pad_t) * strides[1] if len(strides) > 1 else 0))
+            s = (x.dtype, ptr % 16 == 0, strides)
         elif acc64:  # a float64 number stays exact: read it from a broadcast tensor
-            packed.append((torch.full((), float(x), dtype=torch.float64, device=device).expand(R, T), 0, 0))
-            spec.append(2)
+            c = torch.full((), float(x), dtype=torch.float64, device=device).expand(R, T)
+            p, d, s = (c, 0, 0), (c.data_ptr(), 0, 0), 2
         else:
-            packed.append((None, _scalar(x)))
-            spec.append(0)
-    return packed, tuple(spec)
+            p = d = (None, _scalar(x))
+            s = 0
+        packed.append(p)
+        direct.append(d)
+        spec.append(s)
+    return packed, direct, tuple(spec), extent >= _INT32_LIMIT
+
+
+def _drop_terminated(name: str):
+    """Index of ``terminated`` in the flag group (terminated, done, truncated, last done), or None."""
+    k = _KINDS[name]
+    for i in range(len(k) - 3):
+        if k[i:i + 4] == ["u2", "u2", "u2", "u1"]:
+            return i
+    return None
+
+
+_TERM_INDEX = {name: _drop_terminated(name) for name in KINDS} if AVAILABLE else {}
 
 
 _compiled: dict = {}
 
 
-def _launch(key, config: _Config, ins, outs, ws, runtime, phase):
+def _launch(key, config: _Config, args, direct, ws, runtime, phase, idx):
     """Launch one phase of the engine. The first launch of a specialisation goes through Triton's
-    dispatch (compiling if needed); later ones call the compiled kernel directly, skipping the
-    per-call argument binding and key hashing that dominate a small launch's host time."""
+    dispatch (compiling if needed); later ones call the compiled kernel directly with device
+    addresses, skipping the per-call argument binding, key hashing and pointer queries that
+    dominate a small launch's host time."""
     key = (key, phase)
     kernel = _compiled.get(key)
     grid, constexprs = config.grid, config.constexprs[phase]
     if kernel is not None and not _hooks_active():
         stream = _stream_getter()(ws.device.index)
         kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                   ins, outs, ws, *runtime, *constexprs)
+                   *direct, ws.data_ptr(), *runtime, *constexprs, idx)
         return
-    kernel = scan_kernel[grid](ins, outs, ws, *runtime, *constexprs, num_warps=config.num_warps)
+    kernel = scan_kernel[grid](*args, ws, *runtime, *constexprs, idx, num_warps=config.num_warps)
     if not INTERPRET and hasattr(kernel, "packed_metadata") and hasattr(kernel, "function"):
         _compiled[key] = kernel
 
@@ -210,22 +241,28 @@ def run(name: str, *args) -> None:
     R, T = ref.shape[:2]
     acc64 = ref.dtype == torch.float64
     device = ref.device
-    packed, spec = _pack(_KINDS[name], args, R, T, acc64, device)
-    ins, outs = tuple(packed[:-n_out]), tuple(packed[-n_out:])
     if reverse is None:
         reverse = bool(args[3])
     config = _launch_config(name, R, T, acc64, reverse, device)
+    term = _TERM_INDEX[name]
+    if term is not None and args[term] is not None and args[term] is args[term + 1]:
+        args = (*args[:term], None, *args[term + 1:])  # done alone: every done a termination
+    packed, direct, spec, wide = _pack(_KINDS[name], args, R, T, acc64, device, config.block_r, config.block_t + 1)
+    split = -n_out
+    args = (tuple(packed[:split]), tuple(packed[split:]))
+    direct = (tuple(direct[:split]), tuple(direct[split:]))
     runtime = (R, T, config.seg_chunks, config.n_seg)
+    idx = tl.int64 if wide else tl.int32
     # the workspace is a fresh (aligned) allocation, or the first input, which the key covers
-    key = (config.key, spec, runtime)
+    key = (config.key, spec, runtime, wide)
     other_gpu = device.type == "cuda" and device.index != torch.cuda.current_device()
     with torch.cuda.device(device) if other_gpu else contextlib.nullcontext():
         if config.n_seg > 1:
             ws = torch.empty(R * config.n_seg * 2, dtype=torch.float64 if acc64 else torch.float32, device=device)
-            _launch(key, config, ins, outs, ws, runtime, 1)
-            _launch(key, config, ins, outs, ws, runtime, 2)
+            _launch(key, config, args, direct, ws, runtime, 1, idx)
+            _launch(key, config, args, direct, ws, runtime, 2, idx)
         else:
-            _launch(key, config, ins, outs, ref, runtime, 0)
+            _launch(key, config, args, direct, ref, runtime, 0, idx)
 
 
 def affine_scan(alpha, beta, carry, reverse: bool):

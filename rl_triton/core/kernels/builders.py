@@ -38,19 +38,23 @@ def _not(flag, ACC: tl.constexpr):
 def _flags(term, done, trunc, last, rows, t, mask, T, ACC: tl.constexpr):
     """(1 - terminated, 1 - done); done = the done array, else terminated | truncated; with a
     last-done input, observation-aligned: done[t] = episode_starts[t+1] (the ``done`` slot),
-    last_done at t = T-1, every done a termination."""
+    last_done at t = T-1, every done a termination. A done array without terminated: every
+    done is a termination (the launcher drops terminated when it is the done tensor itself)."""
     if last is not None:
         is_last = (t == T - 1)[None, :]
         following = load_flag(done, rows, t + 1, mask & ~is_last)
-        edge = tl.load(last[0] + rows[:, None].to(tl.int64) * last[1] + 0 * t[None, :], mask=mask & is_last, other=0)
+        edge = tl.load(last[0] + rows[:, None] * last[1] + 0 * t[None, :], mask=mask & is_last, other=0)
         d = tl.where(is_last, edge != 0, following)
         k = d
+    elif done is not None:
+        d = load_flag(done, rows, t, mask)
+        if term is None:
+            k = d
+        else:
+            k = load_flag(term, rows, t, mask)
     else:
         k = load_flag(term, rows, t, mask)
-        if done is not None:
-            d = load_flag(done, rows, t, mask)
-        else:
-            d = k | load_flag(trunc, rows, t, mask)
+        d = k | load_flag(trunc, rows, t, mask)
     return _not(k, ACC), _not(d, ACC)
 
 
@@ -65,7 +69,7 @@ def _next_value(nv, v, boot, rows, t, mask, T, ACC: tl.constexpr):
         if boot is None:
             return inner
         else:
-            edge = tl.load(boot[0] + rows[:, None].to(tl.int64) * boot[1] + 0 * t[None, :], mask=mask & last, other=0.0)
+            edge = tl.load(boot[0] + rows[:, None] * boot[1] + 0 * t[None, :], mask=mask & last, other=0.0)
             return tl.where(last, edge.to(ACC), inner)
 
 
@@ -104,7 +108,8 @@ def td_lambda_build(ins, rows, t, mask, T, ACC: tl.constexpr):
 @triton.jit
 def td_lambda_init(ins, rows, rmask, T, ACC: tl.constexpr):
     nv = ins[1]
-    return tl.load(nv[0] + rows.to(tl.int64) * nv[1] + (T - 1) * nv[2], mask=rmask, other=0.0).to(ACC)
+    t_last = rows * 0 + (T - 1)  # in the index type of rows
+    return tl.load(nv[0] + rows * nv[1] + t_last * nv[2], mask=rmask, other=0.0).to(ACC)
 
 
 @triton.jit
@@ -169,11 +174,12 @@ def retrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
         pi = ins[5]
         nq = ins[6]
         ev = tl.zeros((rows.shape[0], t.shape[0]), ACC)
-        base = rows[:, None].to(tl.int64) * pi[1] + t[None, :].to(tl.int64) * pi[2]
-        base_q = rows[:, None].to(tl.int64) * nq[1] + t[None, :].to(tl.int64) * nq[2]
+        base = rows[:, None] * pi[1] + t[None, :] * pi[2]
+        base_q = rows[:, None] * nq[1] + t[None, :] * nq[2]
         for a in range(pi[4]):
-            p = tl.load(pi[0] + base + a * pi[3], mask=mask, other=0.0).to(ACC)
-            ev += p * tl.load(nq[0] + base_q + a * nq[3], mask=mask, other=0.0).to(ACC)
+            action = rows[:, None] * 0 + a  # in the index type of rows
+            p = tl.load(pi[0] + base + action * pi[3], mask=mask, other=0.0).to(ACC)
+            ev += p * tl.load(nq[0] + base_q + action * nq[3], mask=mask, other=0.0).to(ACC)
     nterm, ndone = _flags(ins[7], ins[8], ins[9], ins[10], rows, t, mask, T, ACC)
     nxt = mask & (t + 1 < T)[None, :]
     c_next = tl.where(nxt, _trace_coef(ins, rows, t + 1, nxt, ACC), 0.0)

@@ -9,7 +9,11 @@ order and scanned with ``reverse=True``) and carries the running value between c
     STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)   the epilogue
 
 ``y_prev`` is y one step earlier in scan order (at t+1 for reverse scans); the engine computes
-it only for algorithms that ask (``NEED_PREV``), through an exclusive part carried in the scan.
+it only for algorithms that ask (``NEED_PREV``): lanes shifted by one within the chunk, the
+incoming carry at the chunk's edge.
+
+Full tiles (``EVEN_R``/``EVEN_T``: R and T multiples of the block) drop the bound masks, and
+``IDX`` is the index type (int32 whenever every offset fits).
 
 ``ins``/``outs`` hold ``(tensor, row_stride, time_stride)`` views, ``(None, number)`` constants,
 plain numbers, or None for absent inputs (compile-time specialised).
@@ -30,14 +34,8 @@ def combine(a1, b1, a2, b2):
 
 
 @triton.jit
-def combine_with_prev(a1, b1, pa1, pb1, a2, b2, pa2, pb2):
-    # also carries the exclusive map: the fold of everything but the segment's last element
-    return a2 + b2 * a1, b1 * b2, pa2 + pb2 * a1, b1 * pb2
-
-
-@triton.jit
 def _offsets(x, rows, t):
-    return rows[:, None].to(tl.int64) * x[1] + t[None, :].to(tl.int64) * x[2]
+    return rows[:, None] * x[1] + t[None, :] * x[2]
 
 
 @triton.jit
@@ -64,7 +62,7 @@ def load_row(x, rows, rmask, ACC: tl.constexpr):
     if x is None:
         return tl.zeros((rows.shape[0],), ACC)
     else:
-        return tl.load(x[0] + rows.to(tl.int64) * x[1], mask=rmask, other=0.0).to(ACC)
+        return tl.load(x[0] + rows * x[1], mask=rmask, other=0.0).to(ACC)
 
 
 @triton.jit
@@ -87,12 +85,31 @@ def _pick(x, lanes, lane: tl.constexpr):
 
 
 @triton.jit
+def _shifted(y, lanes, carry, REVERSE: tl.constexpr):
+    """y one step earlier in scan order: the neighbouring lane, ``carry`` at the chunk's edge."""
+    n: tl.constexpr = lanes.shape[0]
+    if REVERSE:
+        idx = tl.minimum(lanes + 1, n - 1)
+        edge = lanes == n - 1
+    else:
+        idx = tl.maximum(lanes - 1, 0)
+        edge = lanes == 0
+    idx = tl.broadcast_to(idx[None, :], y.shape)
+    return tl.where(edge[None, :], carry[:, None], tl.gather(y, idx, 1))
+
+
+@triton.jit
 def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
                 BUILD: tl.constexpr, INIT: tl.constexpr, STORE: tl.constexpr,
                 REVERSE: tl.constexpr, NEED_PREV: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
-                BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, SEG_BLOCK: tl.constexpr):
+                BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, SEG_BLOCK: tl.constexpr,
+                EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, IDX: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rows < R
+    if EVEN_R:
+        rmask = tl.full((BLOCK_R,), 1, tl.int1)
+    else:
+        rmask = rows < R
+    rows = rows.to(IDX)
     seg = tl.program_id(1)  # segment index in scan order
     lanes = tl.arange(0, BLOCK_T)
     # chunks are aligned to BLOCK_T from t = 0 (vector loads); the scan runs across lanes
@@ -126,16 +143,16 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
             c = c_hi - 1 - k
         else:
             c = c_lo + k
-        t = c * BLOCK_T + lanes
-        mask = rmask[:, None] & (t < T)[None, :]
-        alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
-        alpha = tl.where(mask, alpha, 0.0)
-        beta = tl.where(mask, beta, 1.0)
-        if NEED_PREV and PHASE != 1:
-            A, B, PA, PB = tl.associative_scan((alpha, beta, alpha * 0.0, beta * 0.0 + 1.0), 1,
-                                               combine_with_prev, reverse=REVERSE)
+        t = (c * BLOCK_T + lanes).to(IDX)
+        if EVEN_T:
+            mask = rmask[:, None] & tl.full((1, BLOCK_T), 1, tl.int1)
         else:
-            A, B = tl.associative_scan((alpha, beta), 1, combine, reverse=REVERSE)
+            mask = rmask[:, None] & (t < T)[None, :]
+        alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
+        if not (EVEN_R and EVEN_T):
+            alpha = tl.where(mask, alpha, 0.0)
+            beta = tl.where(mask, beta, 1.0)
+        A, B = tl.associative_scan((alpha, beta), 1, combine, reverse=REVERSE)
         if PHASE == 1:
             a_end = _pick(A, lanes, END)
             b_end = _pick(B, lanes, END)
@@ -144,7 +161,7 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
         else:
             y = A + B * ca[:, None]
             if NEED_PREV:
-                y_prev = PA + PB * ca[:, None]
+                y_prev = _shifted(y, lanes, ca, REVERSE)
             else:
                 y_prev = y
             STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
