@@ -13,9 +13,11 @@ output written once), and the full call and replay of an empty Triton kernel. Pe
 benchmarks/peers.py; every implementation is checked against the float64 oracle on the first
 rows before it is timed (a wrong one is marked, not timed). Ratios are peer time / rl_triton
 time from the same run. The torch.compile peers cost two compilations per cell (about 8 s on
-the H200 host; all seven algorithms with them take about 14 minutes), so ``--compiled-peers
-gae`` limits them to the named algorithms. With --img, PNG plots (GAE time vs T, fraction of
-the floor) go there.
+the H200 host; all seven algorithms with them take about 14 minutes, over the device's
+10-minute command limit), so by default they run for GAE on the whole grid and for the other
+algorithms at the four shapes where they come closest to GAE (``--compiled-peers``,
+``--compiled-others-at``; ``--compiled-peers all`` for every cell). With --img, PNG plots (GAE
+time vs T, fraction of the floor) go there.
 
 CPU: GAE on time-major (T, N) rollouts, SB3's layout, gamma 0.99, lambda 0.95, 2% dones; the
 median of repeated calls (time.perf_counter) of rl_triton's numba and torch backends, SB3's own
@@ -48,6 +50,8 @@ from peers import Problem, max_error  # noqa: E402
 
 GRID = ["4096x128", "64x512", "1024x1024", "16384x512", "128x4096", "32768x8", "4096x32", "16384x16",
         "64x8192", "8x32768", "1x131072", "16384x4096", "4096x4096"]
+# the cells where the compiled peers come closest to GAE (docs/benchmarks.md): the other algorithms get them here
+SPOT_SHAPES = ["4096x128", "32768x8", "1024x1024", "128x4096"]
 ALGOS = ["gae", "td_lambda_return", "discounted_return", "vtrace", "retrace", "eligibility_trace",
          "episodic_cumsum"]
 
@@ -210,8 +214,11 @@ def main():
     p.add_argument("--replot", metavar="MD", help="redraw the --img plots from a table written by --md")
     p.add_argument("--dtypes", default="float32,bfloat16",
                    help="GPU: input dtypes; peers are timed in float32 only (bfloat16 rows: rl_triton alone)")
-    p.add_argument("--compiled-peers", default=",".join(ALGOS),
-                   help="GPU: algorithms that get the torch.compile peers (two compilations per cell)")
+    p.add_argument("--compiled-peers", default="gae",
+                   help="GPU: algorithms that get the torch.compile peers at every shape (two compilations "
+                        "per cell, about 8 s on the H200 host); 'all' for every algorithm (about 14 minutes)")
+    p.add_argument("--compiled-others-at", default=",".join(SPOT_SHAPES),
+                   help="GPU: shapes where the other algorithms get the torch.compile peers too")
     args = p.parse_args()
     if args.replot:
         return plots(results_from_md(args.replot), args.img or "docs/img")
@@ -254,7 +261,9 @@ def gpu_main(args):
         expected = problem.expected(rows=4)
         floor = problem.nbytes / (bw * 1e6)
         with_peers = not args.no_peers and dtype == torch.float32
-        peers = problem.peers(compiled=algo in args.compiled_peers.split(",")) if with_peers else {}
+        compiled = args.compiled_peers == "all" or algo in args.compiled_peers.split(",") \
+            or shape in args.compiled_others_at.split(",")
+        peers = problem.peers(compiled=compiled) if with_peers else {}
         impls = {"rl_triton": problem.call, **peers}
         ours = None
         cell = f"| {algo} | {dtype_name} | {shape} |"

@@ -129,4 +129,6 @@ def test_plan_regimes_are_reached():
     block_r, block_t, n_seg, seg_chunks, *_ = kernels.plan(1, 1 << 20, False, cpu)
     assert n_seg > 1 and block_t < (1 << 20) and seg_chunks * block_t * n_seg >= 1 << 20
     block_r, block_t, n_seg, seg_chunks, *_ = kernels.plan(16384, 4096, False, cpu)
-    assert n_seg == 1 and block_t < 4096  # chunked carry along the row
+    assert n_seg == 1 and block_t == 128  # reverse scans over many rows: short chunks
+    block_r, block_t, n_seg, seg_chunks, num_warps, _ = kernels.plan(16384, 4096, False, cpu, reverse=False)
+    assert n_seg == 1 and block_t == 1024 and num_warps <= 4  # forward scans: long chunks, few warps

@@ -5,7 +5,8 @@ The launch plan is a small function of (rows, T, dtype):
 
 - ``BLOCK_T`` = next power of two of T, at most 1024 steps (512 in float64): rows up to that
   length are one chunk, longer rows are walked in chunks with the carry in registers; when the
-  rows alone fill the GPU four times over, 128-step chunks (more programs in flight);
+  rows alone fill the GPU four times over, reverse scans take 128-step chunks (more programs in
+  flight) and forward scans keep long chunks with at most 4 warps;
 - ``BLOCK_R`` fills a tile of ~512 elements, so many short rows share one program, with one
   warp per 128 elements (measured best on the H200 for balanced shapes, docs/benchmarks.md);
 - when the row programs alone cannot fill the GPU (fewer than 2 per multiprocessor) and rows
@@ -76,14 +77,20 @@ def _pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
-def plan(R: int, T: int, float64: bool, device: torch.device):
+def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = True):
     """(BLOCK_R, BLOCK_T, n_seg, chunks per segment, num_warps, SEG_BLOCK) for R rows of T steps."""
     block_t = min(_pow2(T), 512 if float64 else 1024)
+    max_warps = 8
     if _cdiv(R, TILE // 128) >= 4 * _multiprocessors(device):
-        block_t = min(block_t, 128)  # rows enough to fill the GPU: short chunks, more programs in flight
+        # rows enough to fill the GPU: reverse scans run best in short chunks (more programs in
+        # flight), forward scans in long chunks of at most 4 warps (sweeps in docs/benchmarks.md)
+        if reverse:
+            block_t = min(block_t, 128)
+        else:
+            max_warps = 4
     block_t = _forced.get("block_t") or block_t
     block_r = _forced.get("block_r") or min(_pow2(R), max(1, TILE // block_t))
-    num_warps = _forced.get("num_warps") or max(1, min(8, block_r * block_t // 128))
+    num_warps = _forced.get("num_warps") or max(1, min(max_warps, block_r * block_t // 128))
     # the scan lowering needs a tile of at least one element per thread
     block_t = max(block_t, 32 * num_warps // block_r)
     row_programs = _cdiv(R, block_r)
@@ -122,7 +129,7 @@ def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, device
     config = None if _forced else _launches.get(key)
     if config is None:
         build, init, store, _, need_prev = ALGORITHMS[name]
-        block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device)
+        block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device, reverse)
         acc = tl.float64 if acc64 else tl.float32
         even = (R % block_r == 0, T % block_t == 0)
         constexprs = {phase: (build, init, store, reverse, need_prev, phase, acc, block_r, block_t, seg_block, *even)
