@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from peers import Problem  # noqa: E402
+from peers import Problem, max_error  # noqa: E402
 from run import device_us  # noqa: E402
 
 from rl_triton.core import kernels  # noqa: E402
@@ -46,12 +46,16 @@ def main():
     p.add_argument("--warps", default="1,2,4,8", help="num_warps values to try")
     p.add_argument("--max-tile", type=int, default=4096, help="largest BLOCK_R x BLOCK_T")
     p.add_argument("--no-split", action="store_true", help="one segment per row only")
+    p.add_argument("--peers", action="store_true",
+                   help="also time the torch.compile peers in the same process, and check the best plan "
+                        "against the float64 oracle")
     args = p.parse_args()
     ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for shape in args.shapes.split(","):
         R, T = map(int, shape.split("x"))
-        call = Problem(args.algo, R, T).call
+        problem = Problem(args.algo, R, T)
+        call = problem.call
         results = []
         for forced in plans(R, T, sms, ints(args.block_t), ints(args.warps), not args.no_split, args.max_tile):
             with kernels.forced_plan(**forced):
@@ -59,6 +63,13 @@ def main():
         results.sort(key=lambda x: x[0])
         best = " ".join(f"{t:.2f} {f}" for t, f in results[:3])
         print(f"{args.algo} {shape}: auto {device_us(call):.2f} us | best {best}", flush=True)
+        if args.peers and results:
+            with kernels.forced_plan(**results[0][1]):
+                err = max_error(call(), problem.expected(8))
+            torch._dynamo.reset()  # a fresh compile cache per shape, as benchmarks/run.py does
+            peers = {name: fn for name, fn in problem.peers(loop_max_T=0).items() if "compile" in name}
+            timed = " | ".join(f"{name} {device_us(fn):.2f} us" for name, fn in peers.items())
+            print(f"  best plan: oracle error {err:.1e}; {timed}", flush=True)
 
 
 if __name__ == "__main__":

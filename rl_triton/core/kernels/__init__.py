@@ -6,7 +6,8 @@ The launch plan is a small function of (rows, T, dtype):
 - ``BLOCK_T`` = next power of two of T, at most 1024 steps (512 in float64): rows up to that
   length are one chunk, longer rows are walked in chunks with the carry in registers; when the
   rows alone fill the GPU four times over, reverse scans take 128-step chunks (more programs in
-  flight) and forward scans keep long chunks with at most 4 warps;
+  flight); forward scans use at most 4 warps; fewer rows than the GPU holds twice over, of
+  1025 to 4096 steps (not float64), are one whole-row chunk each;
 - ``BLOCK_R`` fills a tile of ~512 elements, so many short rows share one program, with one
   warp per 128 elements (measured best on the H200 for balanced shapes, docs/benchmarks.md);
 - when the row programs alone cannot fill the GPU (fewer than 2 per multiprocessor) and rows
@@ -80,21 +81,21 @@ def _pow2(n: int) -> int:
 def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = True):
     """(BLOCK_R, BLOCK_T, n_seg, chunks per segment, num_warps, SEG_BLOCK) for R rows of T steps."""
     block_t = min(_pow2(T), 512 if float64 else 1024)
-    max_warps = 8
+    # forward scans run best with at most 4 warps, reverse scans with one warp per 128 steps
+    max_warps = 8 if reverse else 4
+    target = 2 * _multiprocessors(device)
     if _cdiv(R, TILE // 128) >= 4 * _multiprocessors(device):
-        # rows enough to fill the GPU: reverse scans run best in short chunks (more programs in
-        # flight), forward scans in long chunks of at most 4 warps (sweeps in docs/benchmarks.md)
         if reverse:
-            block_t = min(block_t, 128)
-        else:
-            max_warps = 4
+            block_t = min(block_t, 128)  # rows enough to fill the GPU: short chunks, more programs in flight
+    elif not float64 and 1024 < T <= 4096 and R < target:
+        # few rows of up to 4096 steps: one pass over whole rows beats chunks and time splits
+        block_t, max_warps = _pow2(T), _pow2(T) // 256 if reverse else 4
     block_t = _forced.get("block_t") or block_t
     block_r = _forced.get("block_r") or min(_pow2(R), max(1, TILE // block_t))
     num_warps = _forced.get("num_warps") or max(1, min(max_warps, block_r * block_t // 128))
     # the scan lowering needs a tile of at least one element per thread
     block_t = max(block_t, 32 * num_warps // block_r)
     row_programs = _cdiv(R, block_r)
-    target = 2 * _multiprocessors(device)
     n_seg = _forced.get("n_seg") or 1
     if "n_seg" not in _forced and row_programs < target and T >= 4 * block_t:
         n_seg = min(_cdiv(target, row_programs), _cdiv(T, block_t), MAX_SEGMENTS)
