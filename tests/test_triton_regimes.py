@@ -135,3 +135,4 @@ def test_plan_regimes_are_reached():
     block_r, block_t, n_seg, seg_chunks, num_warps, _ = kernels.plan(2, 3000, False, cpu)
     assert (block_r, block_t, n_seg, num_warps) == (1, 4096, 1, 16)  # few rows of <= 4096 steps: whole rows
     assert kernels.plan(2, 3000, True, cpu)[1] <= 512  # float64 keeps its chunk limit
+    assert kernels.plan(2, 3000, False, cpu, need_prev=True)[1] == 1024  # V-trace keeps chunks

@@ -6,8 +6,8 @@ The launch plan is a small function of (rows, T, dtype):
 - ``BLOCK_T`` = next power of two of T, at most 1024 steps (512 in float64): rows up to that
   length are one chunk, longer rows are walked in chunks with the carry in registers; when the
   rows alone fill the GPU four times over, reverse scans take 128-step chunks (more programs in
-  flight); forward scans use at most 4 warps; fewer rows than the GPU holds twice over, of
-  1025 to 4096 steps (not float64), are one whole-row chunk each;
+  flight); forward scans whose rows fill the GPU use at most 4 warps; fewer rows than the GPU
+  holds twice over, of 1025 to 4096 steps (not float64, not V-trace), are one whole-row chunk;
 - ``BLOCK_R`` fills a tile of ~512 elements, so many short rows share one program, with one
   warp per 128 elements (measured best on the H200 for balanced shapes, docs/benchmarks.md);
 - when the row programs alone cannot fill the GPU (fewer than 2 per multiprocessor) and rows
@@ -78,18 +78,20 @@ def _pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
-def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = True):
+def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = True, need_prev: bool = False):
     """(BLOCK_R, BLOCK_T, n_seg, chunks per segment, num_warps, SEG_BLOCK) for R rows of T steps."""
     block_t = min(_pow2(T), 512 if float64 else 1024)
-    # forward scans run best with at most 4 warps, reverse scans with one warp per 128 steps
-    max_warps = 8 if reverse else 4
+    max_warps = 8  # one warp per 128 elements, up to 8
     target = 2 * _multiprocessors(device)
     if _cdiv(R, TILE // 128) >= 4 * _multiprocessors(device):
         if reverse:
             block_t = min(block_t, 128)  # rows enough to fill the GPU: short chunks, more programs in flight
-    elif not float64 and 1024 < T <= 4096 and R < target:
+    elif not float64 and not need_prev and 1024 < T <= 4096 and R < target:
         # few rows of up to 4096 steps: one pass over whole rows beats chunks and time splits
+        # (not where the epilogue reads y one step back: its lane gather over 16 warps costs more)
         block_t, max_warps = _pow2(T), _pow2(T) // 256 if reverse else 4
+    if not reverse and R >= target:
+        max_warps = 4  # forward scans whose rows fill the GPU: 4 warps beat 8 (sweeps)
     block_t = _forced.get("block_t") or block_t
     block_r = _forced.get("block_r") or min(_pow2(R), max(1, TILE // block_t))
     num_warps = _forced.get("num_warps") or max(1, min(max_warps, block_r * block_t // 128))
@@ -130,7 +132,7 @@ def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, device
     config = None if _forced else _launches.get(key)
     if config is None:
         build, init, store, _, need_prev = ALGORITHMS[name]
-        block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device, reverse)
+        block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device, reverse, need_prev)
         acc = tl.float64 if acc64 else tl.float32
         even = (R % block_r == 0, T % block_t == 0)
         constexprs = {phase: (build, init, store, reverse, need_prev, phase, acc, block_r, block_t, seg_block, *even)
