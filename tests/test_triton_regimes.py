@@ -132,6 +132,7 @@ def test_plan_regimes_are_reached():
     assert n_seg == 1 and block_t == 128  # reverse scans over many rows: short chunks
     block_r, block_t, n_seg, seg_chunks, num_warps, _ = kernels.plan(16384, 4096, False, cpu, reverse=False)
     assert n_seg == 1 and block_t == 1024 and num_warps <= 4  # forward scans: long chunks, few warps
+    assert kernels.plan(16384, 512, False, cpu, reverse=False)[1] == 128  # ... of long rows only
     block_r, block_t, n_seg, seg_chunks, num_warps, _ = kernels.plan(2, 3000, False, cpu)
     assert (block_r, block_t, n_seg, num_warps) == (1, 4096, 1, 16)  # few rows of <= 4096 steps: whole rows
     assert kernels.plan(2, 3000, True, cpu)[1] <= 512  # float64 keeps its chunk limit

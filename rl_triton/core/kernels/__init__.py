@@ -5,9 +5,10 @@ The launch plan is a small function of (rows, T, dtype):
 
 - ``BLOCK_T`` = next power of two of T, at most 1024 steps (512 in float64): rows up to that
   length are one chunk, longer rows are walked in chunks with the carry in registers; when the
-  rows alone fill the GPU four times over, reverse scans take 128-step chunks (more programs in
-  flight); forward scans whose rows fill the GPU use at most 4 warps; fewer rows than the GPU
-  holds twice over, of 1025 to 4096 steps (not float64, not V-trace), are one whole-row chunk;
+  rows alone fill the GPU four times over, 128-step chunks (more programs in flight), except
+  forward scans of 4096 steps or more; forward scans whose rows fill the GPU use at most 4
+  warps; fewer rows than the GPU holds twice over, of 1025 to 4096 steps (not float64, not
+  V-trace), are one whole-row chunk;
 - ``BLOCK_R`` fills a tile of ~512 elements, so many short rows share one program, with one
   warp per 128 elements (measured best on the H200 for balanced shapes, docs/benchmarks.md);
 - when the row programs alone cannot fill the GPU (fewer than 2 per multiprocessor) and rows
@@ -84,7 +85,7 @@ def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = Tr
     max_warps = 8  # one warp per 128 elements, up to 8
     target = 2 * _multiprocessors(device)
     if _cdiv(R, TILE // 128) >= 4 * _multiprocessors(device):
-        if reverse:
+        if reverse or T < 4096:  # forward scans of long rows keep long chunks (sweeps)
             block_t = min(block_t, 128)  # rows enough to fill the GPU: short chunks, more programs in flight
     elif not float64 and not need_prev and 1024 < T <= 4096 and R < target:
         # few rows of up to 4096 steps: one pass over whole rows beats chunks and time splits
