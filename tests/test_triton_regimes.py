@@ -137,3 +137,27 @@ def test_plan_regimes_are_reached():
     assert (block_r, block_t, n_seg, num_warps) == (1, 4096, 1, 16)  # few rows of <= 4096 steps: whole rows
     assert kernels.plan(2, 3000, True, cpu)[1] <= 512  # float64 keeps its chunk limit
     assert kernels.plan(2, 3000, False, cpu, need_prev=True)[1] == 1024  # V-trace keeps chunks
+
+
+@pytest.mark.parametrize("algo", list(ALGOS))
+def test_int64_indices_match_oracle(algo, monkeypatch):
+    """The 64-bit index path (taken when some offset passes 2**31) computes the same results."""
+    monkeypatch.setattr(kernels, "_INT32_LIMIT", 0)
+    run, ref = ALGOS[algo]
+    x = _case(seed=len(algo) * 3)
+    with kernels.forced_plan(**PLANS["split time, 2 chunks per segment"]):
+        got = run(x)
+    got = got if isinstance(got, tuple) else (got,)
+    want = ref(x, np.full((R, T), G), np.full((R, T), L))
+    for g_, w in zip(got, want):
+        np.testing.assert_allclose(_np(g_), w, rtol=1e-10, atol=1e-10)
+
+
+def test_index_width_follows_the_offsets():
+    """int32 indices unless an offset of the padded tiles reaches 2**31."""
+    small = torch.empty(4, 8)
+    assert not kernels._pack(["f2"], [small], 4, 8, False, small.device, 4, 9)[3]
+    wide = torch.empty_strided((4, 8), (2**29, 1), device="meta")  # 8 GiB apart: no storage needed
+    assert kernels._pack(["f2"], [wide], 4, 8, False, wide.device, 4, 9)[3]
+    rows_apart = torch.empty_strided((4, 8), (2**28, 1), device="meta")  # 3 * 2**28 < 2**31 <= 8 * 2**28
+    assert kernels._pack(["f2"], [rows_apart], 4, 8, False, rows_apart.device, 4, 9)[3]  # padded to 8 rows
