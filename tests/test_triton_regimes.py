@@ -111,8 +111,12 @@ ALGOS = {
 @pytest.mark.parametrize("plan", list(PLANS), ids=list(PLANS))
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_regime_matches_oracle(algo, plan):
+    _assert_matches_oracle(algo, plan, seed=len(algo) * 7 + len(plan))
+
+
+def _assert_matches_oracle(algo, plan, seed):
     run, ref = ALGOS[algo]
-    x = _case(seed=len(algo) * 7 + len(plan))
+    x = _case(seed=seed)
     with kernels.forced_plan(**PLANS[plan]):
         got = run(x)
     got = got if isinstance(got, tuple) else (got,)
@@ -143,14 +147,7 @@ def test_plan_regimes_are_reached():
 def test_int64_indices_match_oracle(algo, monkeypatch):
     """The 64-bit index path (taken when some offset passes 2**31) computes the same results."""
     monkeypatch.setattr(kernels, "_INT32_LIMIT", 0)
-    run, ref = ALGOS[algo]
-    x = _case(seed=len(algo) * 3)
-    with kernels.forced_plan(**PLANS["split time, 2 chunks per segment"]):
-        got = run(x)
-    got = got if isinstance(got, tuple) else (got,)
-    want = ref(x, np.full((R, T), G), np.full((R, T), L))
-    for g_, w in zip(got, want):
-        np.testing.assert_allclose(_np(g_), w, rtol=1e-10, atol=1e-10)
+    _assert_matches_oracle(algo, "split time, 2 chunks per segment", seed=len(algo) * 3)
 
 
 def test_index_width_follows_the_offsets():
