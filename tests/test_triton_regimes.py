@@ -26,7 +26,7 @@ PLANS = {
 G, L = 0.9, 0.8  # exact in float64, the dtype used here
 
 
-def _case(seed):
+def _case(seed, T=T):
     g = torch.Generator().manual_seed(seed)
     x = {k: torch.randn(R, T, generator=g, dtype=torch.float64) for k in ("r", "v", "nv", "lp", "lm")}
     x["lp"], x["lm"] = 0.4 * x["lp"], 0.4 * x["lm"]
@@ -114,15 +114,26 @@ def test_regime_matches_oracle(algo, plan):
     _assert_matches_oracle(algo, plan, seed=len(algo) * 7 + len(plan))
 
 
-def _assert_matches_oracle(algo, plan, seed):
+def _assert_matches_oracle(algo, plan, seed, dtype=torch.float64, T=T):
     run, ref = ALGOS[algo]
-    x = _case(seed=seed)
-    with kernels.forced_plan(**PLANS[plan]):
+    x = {k: v.to(dtype) if v.is_floating_point() else v for k, v in _case(seed, T).items()}
+    with kernels.forced_plan(**(PLANS[plan] if isinstance(plan, str) else plan)):
         got = run(x)
     got = got if isinstance(got, tuple) else (got,)
-    want = ref(x, np.full((R, T), G), np.full((R, T), L))
+    want = ref({k: v.double() if v.is_floating_point() else v for k, v in x.items()},
+               np.full((R, T), G), np.full((R, T), L))
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
     for g_, w in zip(got, want):
-        np.testing.assert_allclose(_np(g_), w, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(_np(g_.double()), w, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("plan", [dict(block_t=16, block_r=2), dict(block_t=16, block_r=1, n_seg=2)],
+                         ids=["chunked carry", "split time"])
+@pytest.mark.parametrize("algo", list(ALGOS))
+def test_float32_mirrored_runs_match_oracle(algo, plan):
+    """float32 reverse scans over 16-step chunks mirror runs of 4 lanes (float64 and chunks of up
+    to 8 steps, used above, take the other paths): a partial last chunk, carries, segments."""
+    _assert_matches_oracle(algo, plan, seed=len(algo) * 5, dtype=torch.float32, T=45)
 
 
 def test_plan_regimes_are_reached():
@@ -132,8 +143,9 @@ def test_plan_regimes_are_reached():
     assert block_r > 1 and n_seg == 1
     block_r, block_t, n_seg, seg_chunks, *_ = kernels.plan(1, 1 << 20, False, cpu)
     assert n_seg > 1 and block_t < (1 << 20) and seg_chunks * block_t * n_seg >= 1 << 20
-    block_r, block_t, n_seg, seg_chunks, *_ = kernels.plan(16384, 4096, False, cpu)
-    assert n_seg == 1 and block_t == 128  # reverse scans over many rows: short chunks
+    block_r, block_t, n_seg, seg_chunks, num_warps, _ = kernels.plan(16384, 4096, False, cpu)
+    assert (block_r, block_t, n_seg, num_warps) == (1, 256, 1, 1)  # reverse scans, many rows: 256-step rows
+    assert kernels.plan(16384, 4096, False, cpu, need_prev=True)[:2] == (4, 128)  # V-trace: 128-step chunks
     block_r, block_t, n_seg, seg_chunks, num_warps, _ = kernels.plan(16384, 4096, False, cpu, reverse=False)
     assert n_seg == 1 and block_t == 1024 and num_warps <= 4  # forward scans: long chunks, few warps
     assert kernels.plan(16384, 512, False, cpu, reverse=False)[1] == 128  # ... of long rows only

@@ -6,7 +6,9 @@ The launch plan is a small function of (rows, T, dtype):
 - ``BLOCK_T`` = next power of two of T, at most 1024 steps (512 in float64): rows up to that
   length are one chunk, longer rows are walked in chunks with the carry in registers; when the
   rows alone fill the GPU four times over, 128-step chunks (more programs in flight), except
-  forward scans of 4096 steps or more; forward scans whose rows fill the GPU use at most 4
+  forward scans of 4096 steps or more, and reverse scans of 256 steps or more (one 256-step
+  row per single-warp program; not V-trace, whose lane gather is cheaper on 128-step chunks
+  of four rows); forward scans whose rows fill the GPU use at most 4
   warps; fewer rows than the GPU holds twice over, of 1025 to 4096 steps (not float64, not
   V-trace), are one whole-row chunk;
 - ``BLOCK_R`` fills a tile of ~512 elements, so many short rows share one program, with one
@@ -84,8 +86,11 @@ def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = Tr
     block_t = min(_pow2(T), 512 if float64 else 1024)
     max_warps = 8  # one warp per 128 elements, up to 8
     target = 2 * _multiprocessors(device)
+    tile = TILE
     if _cdiv(R, TILE // 128) >= 4 * _multiprocessors(device):
-        if reverse or T < 4096:  # forward scans of long rows keep long chunks (sweeps)
+        if reverse and not need_prev and block_t >= 256:
+            block_t, max_warps, tile = 256, 1, 256  # one row, one warp: 8 steps per thread (sweeps)
+        elif reverse or T < 4096:  # forward scans of long rows keep long chunks (sweeps)
             block_t = min(block_t, 128)  # rows enough to fill the GPU: short chunks, more programs in flight
     elif not float64 and not need_prev and 1024 < T <= 4096 and R < target:
         # few rows of up to 4096 steps: one pass over whole rows beats chunks and time splits
@@ -94,7 +99,7 @@ def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = Tr
     if not reverse and R >= target:
         max_warps = 4  # forward scans whose rows fill the GPU: 4 warps beat 8 (sweeps)
     block_t = _forced.get("block_t") or block_t
-    block_r = _forced.get("block_r") or min(_pow2(R), max(1, TILE // block_t))
+    block_r = _forced.get("block_r") or min(_pow2(R), max(1, tile // block_t))
     num_warps = _forced.get("num_warps") or max(1, min(max_warps, block_r * block_t // 128))
     # the scan lowering needs a tile of at least one element per thread
     block_t = max(block_t, 32 * num_warps // block_r)
@@ -136,7 +141,11 @@ def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, device
         block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device, reverse, need_prev)
         acc = tl.float64 if acc64 else tl.float32
         even = (R % block_r == 0, T % block_t == 0)
-        constexprs = {phase: (build, init, store, reverse, need_prev, phase, acc, block_r, block_t, seg_block, *even)
+        # reverse scans mirror runs of one vector load (16 bytes of the accumulation dtype);
+        # chunks of up to 8 steps keep natural lanes (engine docstring)
+        vec = min(block_t, 2 if acc64 else 4) if reverse and block_t > 8 else 0
+        constexprs = {phase: (build, init, store, reverse, need_prev, phase, acc, block_r, block_t, vec, seg_block,
+                              *even)
                       for phase in (0, 1, 2)}
         config = _Config((_cdiv(R, block_r), n_seg), block_r, block_t, seg_chunks, n_seg, constexprs, num_warps,
                          (name, acc64, reverse, block_r, block_t, seg_block, num_warps, device))

@@ -1,16 +1,22 @@
 """The one scan engine: tiling, carries, scan direction, time splitting. It knows no RL.
 
 A program owns ``BLOCK_R`` rows and one segment of the time axis, walks it in chunks of
-``BLOCK_T`` steps in scan order (descending time for reverse scans: chunks are loaded in natural
-order and scanned with ``reverse=True``) and carries the running value between chunks. An algorithm plugs in three jit functions:
+``BLOCK_T`` steps in scan order (descending time for reverse scans) and carries the running value
+between chunks. The scan runs forward across the lanes of a chunk. Reverse scans mirror the
+lanes in time instead of using ``associative_scan(reverse=True)``, whose lowering moves every
+element across the warp with shuffles: lane run g of ``VEC`` lanes (one vector load of one
+thread) holds the g-th run from the chunk's end, and ``_mirror`` reverses each run in registers.
+``VEC = 0`` keeps natural lanes and ``reverse=True`` (cheaper for chunks of a few steps, whose
+flip crosses one or two lanes). An algorithm plugs in three jit functions:
 
     BUILD(ins, rows, t, mask, T, ACC) -> (alpha, beta, ctx)   coefficients from raw loads
     INIT(ins, rows, rmask, T, ACC)    -> carry [BLOCK_R]       value beyond the window edge
     STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)   the epilogue
 
-``y_prev`` is y one step earlier in scan order (at t+1 for reverse scans); the engine computes
-it only for algorithms that ask (``NEED_PREV``): lanes shifted by one within the chunk, the
-incoming carry at the chunk's edge.
+BUILD and STORE see the steps ``t`` in load order (the runs mirrored, each run ascending);
+the engine mirrors alpha and beta into scan order and y back. ``y_prev`` is y one step earlier
+in scan order (at t+1 for reverse scans); the engine computes it only for algorithms that ask
+(``NEED_PREV``): the neighbouring lane, the incoming carry at the chunk's first lane.
 
 Full tiles (``EVEN_R``/``EVEN_T``: R and T multiples of the block) drop the bound masks, and
 ``IDX`` is the index type (int32 whenever every offset fits).
@@ -85,10 +91,11 @@ def _pick(x, lanes, lane: tl.constexpr):
 
 
 @triton.jit
-def _shifted(y, lanes, carry, REVERSE: tl.constexpr):
-    """y one step earlier in scan order: the neighbouring lane, ``carry`` at the chunk's edge."""
+def _shifted(y, lanes, carry, DOWN: tl.constexpr):
+    """y one step earlier in scan order: the neighbouring lane (the next one if the scan runs
+    DOWN the lanes), ``carry`` at the chunk's first lane in scan order."""
     n: tl.constexpr = lanes.shape[0]
-    if REVERSE:
+    if DOWN:
         idx = tl.minimum(lanes + 1, n - 1)
         edge = lanes == n - 1
     else:
@@ -99,10 +106,28 @@ def _shifted(y, lanes, carry, REVERSE: tl.constexpr):
 
 
 @triton.jit
+def _swap(x):
+    """Lanes 2m and 2m+1 exchanged."""
+    lo, hi = tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 2, 2)))
+    return tl.reshape(tl.join(hi, lo), x.shape)
+
+
+@triton.jit
+def _mirror(x, VEC: tl.constexpr):
+    """Each run of VEC (1, 2 or 4) lanes reversed: x[4g + v] -> x[4g + 3 - v] for VEC = 4."""
+    if VEC == 4:
+        lo, hi = tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 2, 2)))
+        x = tl.reshape(tl.join(_swap(hi), _swap(lo)), x.shape)
+    elif VEC == 2:
+        x = _swap(x)
+    return x
+
+
+@triton.jit
 def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
                 BUILD: tl.constexpr, INIT: tl.constexpr, STORE: tl.constexpr,
                 REVERSE: tl.constexpr, NEED_PREV: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
-                BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, SEG_BLOCK: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, VEC: tl.constexpr, SEG_BLOCK: tl.constexpr,
                 EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, IDX: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     if EVEN_R:
@@ -112,9 +137,14 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
     rows = rows.to(IDX)
     seg = tl.program_id(1)  # segment index in scan order
     lanes = tl.arange(0, BLOCK_T)
-    # chunks are aligned to BLOCK_T from t = 0 (vector loads); the scan runs across lanes
-    # (reverse=True for descending time) and ends at lane END of each chunk
-    END: tl.constexpr = 0 if REVERSE else BLOCK_T - 1
+    # chunks are aligned to BLOCK_T from t = 0; the step of each lane within its chunk, in load order
+    MIRROR: tl.constexpr = REVERSE and VEC > 0
+    DOWN: tl.constexpr = REVERSE and VEC == 0  # natural lanes, scanned with reverse=True
+    if MIRROR:
+        steps = (BLOCK_T - VEC) - (lanes // VEC) * VEC + lanes % VEC
+    else:
+        steps = lanes
+    END: tl.constexpr = 0 if DOWN else BLOCK_T - 1  # the last lane in scan order
     n_chunks = tl.cdiv(T, BLOCK_T)
     if REVERSE:
         c_hi = n_chunks - seg * seg_chunks
@@ -143,7 +173,7 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
             c = c_hi - 1 - k
         else:
             c = c_lo + k
-        t = (c * BLOCK_T + lanes).to(IDX)
+        t = (c * BLOCK_T + steps).to(IDX)
         if EVEN_T:
             mask = rmask[:, None] & tl.full((1, BLOCK_T), 1, tl.int1)
         else:
@@ -152,7 +182,10 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
         if not (EVEN_R and EVEN_T):
             alpha = tl.where(mask, alpha, 0.0)
             beta = tl.where(mask, beta, 1.0)
-        A, B = tl.associative_scan((alpha, beta), 1, combine, reverse=REVERSE)
+        if MIRROR:
+            alpha = _mirror(alpha, VEC)
+            beta = _mirror(beta, VEC)
+        A, B = tl.associative_scan((alpha, beta), 1, combine, reverse=DOWN)
         if PHASE == 1:
             a_end = _pick(A, lanes, END)
             b_end = _pick(B, lanes, END)
@@ -161,11 +194,15 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
         else:
             y = A + B * ca[:, None]
             if NEED_PREV:
-                y_prev = _shifted(y, lanes, ca, REVERSE)
-            else:
+                y_prev = _shifted(y, lanes, ca, DOWN)
+                if MIRROR:
+                    y_prev = _mirror(y_prev, VEC)
+            ca = _pick(y, lanes, END)
+            if MIRROR:
+                y = _mirror(y, VEC)
+            if not NEED_PREV:
                 y_prev = y
             STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
-            ca = _pick(y, lanes, END)
 
     if PHASE == 1:
         w = (rows.to(tl.int64) * n_seg + seg) * 2
