@@ -146,6 +146,7 @@ def test_plan_regimes_are_reached():
     block_r, block_t, n_seg, seg_chunks, num_warps, _ = kernels.plan(16384, 4096, False, cpu)
     assert (block_r, block_t, n_seg, num_warps) == (1, 256, 1, 1)  # reverse scans, many rows: 256-step rows
     assert kernels.plan(16384, 4096, False, cpu, need_prev=True)[:2] == (4, 128)  # V-trace: 128-step chunks
+    assert kernels.plan(16384, 4096, False, cpu, streams=5)[4] == 2  # many inputs (Retrace): 2 warps
     block_r, block_t, n_seg, seg_chunks, num_warps, _ = kernels.plan(16384, 4096, False, cpu, reverse=False)
     assert n_seg == 1 and block_t == 1024 and num_warps <= 4  # forward scans: long chunks, few warps
     assert kernels.plan(16384, 512, False, cpu, reverse=False)[1] == 128  # ... of long rows only
@@ -170,3 +171,15 @@ def test_index_width_follows_the_offsets():
     assert kernels._pack(["f2"], [wide], 4, 8, False, wide.device, 4, 9)[3]
     rows_apart = torch.empty_strided((4, 8), (2**28, 1), device="meta")  # 3 * 2**28 < 2**31 <= 8 * 2**28
     assert kernels._pack(["f2"], [rows_apart], 4, 8, False, rows_apart.device, 4, 9)[3]  # padded to 8 rows
+
+
+def test_input_streams_reach_the_plan(monkeypatch):
+    """The plan sees how many float tensors a call streams in per step."""
+    seen = []
+    real = kernels.plan
+    monkeypatch.setattr(kernels, "plan", lambda *a: seen.append(a[-1]) or real(*a))
+    monkeypatch.setattr(kernels, "_launches", {})
+    x = _case(seed=1)
+    ALGOS["retrace"][0](x)
+    ALGOS["gae"][0](x)
+    assert seen == [6, 2]  # rewards, q, two log-probabilities, next_pi, next_q; rewards, values

@@ -7,10 +7,10 @@ The launch plan is a small function of (rows, T, dtype):
   length are one chunk, longer rows are walked in chunks with the carry in registers; when the
   rows alone fill the GPU four times over, 128-step chunks (more programs in flight), except
   forward scans of 4096 steps or more, and reverse scans of 256 steps or more (one 256-step
-  row per single-warp program; not V-trace, whose lane gather is cheaper on 128-step chunks
-  of four rows); forward scans whose rows fill the GPU use at most 4
-  warps; fewer rows than the GPU holds twice over, of 1025 to 4096 steps (not float64, not
-  V-trace), are one whole-row chunk;
+  row per program of one warp, two where four or more inputs stream in; not V-trace,
+  whose lane gather is cheaper on 128-step chunks of four rows); forward scans whose rows
+  fill the GPU use at most 4 warps; fewer rows than the GPU holds twice over, of 1025 to 4096
+  steps (not float64, not V-trace), are one whole-row chunk;
 - ``BLOCK_R`` fills a tile of ~512 elements, so many short rows share one program, with one
   warp per 128 elements (measured best on the H200 for balanced shapes, docs/benchmarks.md);
 - when the row programs alone cannot fill the GPU (fewer than 2 per multiprocessor) and rows
@@ -81,15 +81,18 @@ def _pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
-def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = True, need_prev: bool = False):
-    """(BLOCK_R, BLOCK_T, n_seg, chunks per segment, num_warps, SEG_BLOCK) for R rows of T steps."""
+def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = True, need_prev: bool = False,
+         streams: int = 2):
+    """(BLOCK_R, BLOCK_T, n_seg, chunks per segment, num_warps, SEG_BLOCK) for R rows of T steps;
+    ``need_prev``: the epilogue reads y one step back; ``streams``: float tensors read per step."""
     block_t = min(_pow2(T), 512 if float64 else 1024)
     max_warps = 8  # one warp per 128 elements, up to 8
     target = 2 * _multiprocessors(device)
     tile = TILE
     if _cdiv(R, TILE // 128) >= 4 * _multiprocessors(device):
         if reverse and not need_prev and block_t >= 256:
-            block_t, max_warps, tile = 256, 1, 256  # one row, one warp: 8 steps per thread (sweeps)
+            # one row per program, of one warp; two where four or more inputs stream in (sweeps)
+            block_t, max_warps, tile = 256, 2 if streams >= 4 else 1, 256
         elif reverse or T < 4096:  # forward scans of long rows keep long chunks (sweeps)
             block_t = min(block_t, 128)  # rows enough to fill the GPU: short chunks, more programs in flight
     elif not float64 and not need_prev and 1024 < T <= 4096 and R < target:
@@ -119,7 +122,7 @@ _KINDS = {name: kinds(name) for name in KINDS}
 
 class _Config(NamedTuple):
     """One launch shape: grid, block sizes, segment arguments, the engine's constexpr arguments in
-    its order (BUILD ... EVEN_T; IDX is added per call) per phase, num_warps, and the part of the
+    its order (BUILD ... ONE_CHUNK; IDX is added per call) per phase, num_warps, and the part of the
     kernel cache key it fixes."""
 
     grid: tuple
@@ -132,20 +135,23 @@ class _Config(NamedTuple):
     key: tuple
 
 
-def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, device: torch.device) -> _Config:
+def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, streams: int,
+                   device: torch.device) -> _Config:
     """The launch of ``name`` on R rows of T steps, cached per shape class."""
-    key = (name, R, T, acc64, reverse, device)
+    key = (name, R, T, acc64, reverse, streams, device)
     config = None if _forced else _launches.get(key)
     if config is None:
         build, init, store, _, need_prev = ALGORITHMS[name]
-        block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device, reverse, need_prev)
+        block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device, reverse, need_prev,
+                                                                         streams)
         acc = tl.float64 if acc64 else tl.float32
         even = (R % block_r == 0, T % block_t == 0)
         # reverse scans mirror runs of one vector load (16 bytes of the accumulation dtype);
         # chunks of up to 8 steps keep natural lanes (engine docstring)
         vec = min(block_t, 2 if acc64 else 4) if reverse and block_t > 8 else 0
+        one_chunk = n_seg == 1 and block_t >= T
         constexprs = {phase: (build, init, store, reverse, need_prev, phase, acc, block_r, block_t, vec, seg_block,
-                              *even)
+                              *even, one_chunk)
                       for phase in (0, 1, 2)}
         config = _Config((_cdiv(R, block_r), n_seg), block_r, block_t, seg_chunks, n_seg, constexprs, num_warps,
                          (name, acc64, reverse, block_r, block_t, seg_block, num_warps, device))
@@ -214,6 +220,7 @@ def _drop_terminated(name: str):
 
 
 _TERM_INDEX = {name: _drop_terminated(name) for name in KINDS} if AVAILABLE else {}
+_STREAMS = {name: [i for i, k in enumerate(KINDS[name].split()) if k in ("f2", "f3")] for name in KINDS}
 
 
 _compiled: dict = {}
@@ -263,7 +270,8 @@ def run(name: str, *args) -> None:
     device = ref.device
     if reverse is None:
         reverse = bool(args[3])
-    config = _launch_config(name, R, T, acc64, reverse, device)
+    streams = sum(isinstance(args[i], torch.Tensor) for i in _STREAMS[name])
+    config = _launch_config(name, R, T, acc64, reverse, streams, device)
     term = _TERM_INDEX[name]
     if term is not None and args[term] is not None and args[term] is args[term + 1]:
         args = (*args[:term], None, *args[term + 1:])  # done alone: every done a termination

@@ -18,8 +18,9 @@ the engine mirrors alpha and beta into scan order and y back. ``y_prev`` is y on
 in scan order (at t+1 for reverse scans); the engine computes it only for algorithms that ask
 (``NEED_PREV``): the neighbouring lane, the incoming carry at the chunk's first lane.
 
-Full tiles (``EVEN_R``/``EVEN_T``: R and T multiples of the block) drop the bound masks, and
-``IDX`` is the index type (int32 whenever every offset fits).
+Full tiles (``EVEN_R``/``EVEN_T``: R and T multiples of the block) drop the bound masks,
+``ONE_CHUNK`` (one chunk per row, one segment) drops the chunk loop and the carry extraction,
+and ``IDX`` is the index type (int32 whenever every offset fits).
 
 ``ins``/``outs`` hold ``(tensor, row_stride, time_stride)`` views, ``(None, number)`` constants,
 plain numbers, or None for absent inputs (compile-time specialised).
@@ -128,7 +129,7 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
                 BUILD: tl.constexpr, INIT: tl.constexpr, STORE: tl.constexpr,
                 REVERSE: tl.constexpr, NEED_PREV: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, VEC: tl.constexpr, SEG_BLOCK: tl.constexpr,
-                EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, IDX: tl.constexpr):
+                EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, ONE_CHUNK: tl.constexpr, IDX: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     if EVEN_R:
         rmask = tl.full((BLOCK_R,), 1, tl.int1)
@@ -168,7 +169,11 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
             seg_a, seg_b = tl.associative_scan((seg_a, seg_b), 1, combine)
             ca = _pick(seg_a, j, SEG_BLOCK - 1) + _pick(seg_b, j, SEG_BLOCK - 1) * ca
 
-    for k in range(c_hi - c_lo):
+    if ONE_CHUNK:
+        n_iter = 1
+    else:
+        n_iter = c_hi - c_lo
+    for k in range(n_iter):
         if REVERSE:
             c = c_hi - 1 - k
         else:
@@ -197,7 +202,8 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
                 y_prev = _shifted(y, lanes, ca, DOWN)
                 if MIRROR:
                     y_prev = _mirror(y_prev, VEC)
-            ca = _pick(y, lanes, END)
+            if not ONE_CHUNK:
+                ca = _pick(y, lanes, END)
             if MIRROR:
                 y = _mirror(y, VEC)
             if not NEED_PREV:
