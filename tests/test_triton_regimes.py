@@ -127,13 +127,15 @@ def _assert_matches_oracle(algo, plan, seed, dtype=torch.float64, T=T):
         np.testing.assert_allclose(_np(g_.double()), w, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("plan", [dict(block_t=16, block_r=2), dict(block_t=16, block_r=1, n_seg=2)],
                          ids=["chunked carry", "split time"])
 @pytest.mark.parametrize("algo", list(ALGOS))
-def test_float32_mirrored_runs_match_oracle(algo, plan):
-    """float32 reverse scans over 16-step chunks mirror runs of 4 lanes (float64 and chunks of up
-    to 8 steps, used above, take the other paths): a partial last chunk, carries, segments."""
-    _assert_matches_oracle(algo, plan, seed=len(algo) * 5, dtype=torch.float32, T=45)
+def test_mirrored_runs_match_oracle(algo, plan, dtype):
+    """Reverse scans over 16-step chunks mirror runs of 4 lanes in float32 and of 2 in float64
+    (chunks of up to 8 steps, used above, keep natural lanes): a partial last chunk, carries
+    between chunks, segments."""
+    _assert_matches_oracle(algo, plan, seed=len(algo) * 5, dtype=dtype, T=45)
 
 
 def test_plan_regimes_are_reached():
