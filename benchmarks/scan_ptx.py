@@ -79,7 +79,7 @@ def main():
         block_r, block_t, warps = map(int, tile.split("x"))
         for mode, name in MODES.items():
             v4, loads, shfl, sts = counts(block_r, block_t, warps, mode)
-            print(f"| {block_r}x{block_t}, {warps} warps | {name} | {v4} / {loads} | {shfl} | {sts} |")
+            print(f"| {block_r}x{block_t}, {warps} warp{'s' if warps > 1 else ''} | {name} | {v4} / {loads} | {shfl} | {sts} |")
 
 
 if __name__ == "__main__":
