@@ -4,7 +4,8 @@ warp shuffles and shared-memory stores, for the three ways a reverse scan can or
 
 - ``reverse``: natural lanes and ``associative_scan(reverse=True)`` (the lowering flips every
   element across the warp before and after the scan);
-- ``mirrored runs``: the engine's layout (lane runs of 4 mirrored, ``engine._mirror`` in registers);
+- ``mirrored runs``: the engine's layout (loads at ``engine._mirrored_steps``, each run reversed in
+  registers by ``engine._mirror``);
 - ``descending``: lane i holds step BLOCK_T-1-i (no vector loads).
 
     python benchmarks/scan_ptx.py [--tiles 4x128x4,2x512x2]   # BLOCK_R x BLOCK_T x num_warps
@@ -25,7 +26,7 @@ _path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "rl_trito
 _spec = importlib.util.spec_from_file_location("engine", _path)
 engine = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(engine)
-_mirror, _pick, combine = engine._mirror, engine._pick, engine.combine
+_mirror, _mirrored_steps, _pick, combine = engine._mirror, engine._mirrored_steps, engine._pick, engine.combine
 
 MODES = {0: "reverse", 1: "mirrored runs", 2: "descending"}
 
@@ -35,7 +36,7 @@ def _chunks(a_ptr, b_ptr, y_ptr, T, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     lanes = tl.arange(0, BLOCK_T)
     if MODE == 1:
-        steps = (BLOCK_T - 4) - (lanes // 4) * 4 + lanes % 4
+        steps = _mirrored_steps(lanes, 4)
     elif MODE == 2:
         steps = BLOCK_T - 1 - lanes
     else:

@@ -114,6 +114,13 @@ def _swap(x):
 
 
 @triton.jit
+def _mirrored_steps(lanes, VEC: tl.constexpr):
+    """The step each lane loads in a mirrored chunk: run g of VEC lanes holds the g-th run of
+    steps from the chunk's end, each run ascending (one vector load)."""
+    return (lanes.shape[0] - VEC) - (lanes // VEC) * VEC + lanes % VEC
+
+
+@triton.jit
 def _mirror(x, VEC: tl.constexpr):
     """Each run of VEC (1, 2 or 4) lanes reversed: x[4g + v] -> x[4g + 3 - v] for VEC = 4."""
     if VEC == 4:
@@ -142,7 +149,7 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
     MIRROR: tl.constexpr = REVERSE and VEC > 0
     DOWN: tl.constexpr = REVERSE and VEC == 0  # natural lanes, scanned with reverse=True
     if MIRROR:
-        steps = (BLOCK_T - VEC) - (lanes // VEC) * VEC + lanes % VEC
+        steps = _mirrored_steps(lanes, VEC)
     else:
         steps = lanes
     END: tl.constexpr = 0 if DOWN else BLOCK_T - 1  # the last lane in scan order
