@@ -11,12 +11,12 @@ def gae(r, v, nv, nterm, ndone, g, l):
     return r + g * nterm * nv - v, g * l * ndone
 
 
-def td_lambda(r, nv, nterm, ndone, g, l):
+def td_lambda_return(r, nv, nterm, ndone, g, l):
     """G[t] = r + g*(1-term)*((1-l)*nv + l*G'[t+1]); G' = nv where done (carry nv[T-1])."""
     return r + g * nterm * nv * (1.0 - l * ndone), g * l * ndone
 
 
-def discounted(r, nv, nterm, ndone, g):
+def discounted_return(r, nv, nterm, ndone, g):
     """R[t] = r + g*(1-term)*(R[t+1] if not done else nv): truncations restart from nv."""
     return r + g * nterm * (1.0 - ndone) * nv, g * ndone
 

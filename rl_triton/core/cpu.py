@@ -1,11 +1,13 @@
-"""Compiled CPU backend: one numba loop per algorithm, parallel over rows, one pass over time.
+"""Compiled CPU backend: one numba loop per algorithm of ``rl_triton/core/spec.py``, parallel over
+rows, one pass over time.
 
-Arrays arrive as ``[R, T]`` numpy views of the caller's tensors (any strides, broadcast
-inputs with stride 0). Absent inputs and number coefficients become stride-0 arrays, so each
-kernel has one signature per float dtype and compiles once (lazily, cached on disk). The one
-call that dominates CPU use, SB3's and CleanRL's GAE (episode starts, implied next values,
-number coefficients), has kernels of its own without those stand-ins; in time-major memory
-they advance blocks of rows through time together.
+Each kernel's parameters are the spec's argument names, then its output names, in that order
+(tests/test_spec.py holds them to it). Arrays arrive as ``[R, T]`` numpy views of the caller's
+tensors (any strides, broadcast inputs with stride 0). Absent inputs and number coefficients
+become stride-0 arrays, so each kernel has one signature per float dtype and compiles once
+(lazily, cached on disk). The one call that dominates CPU use, SB3's and CleanRL's GAE (episode
+starts, implied next values, number coefficients), has kernels of its own without those
+stand-ins; in time-major memory they advance blocks of rows through time together.
 """
 
 from __future__ import annotations
@@ -23,34 +25,39 @@ except ImportError:  # the torch backend serves CPU tensors without numba
     nb = None
 
 from . import coefficients as C
+from . import spec
+from .spec import DONE_ARRAY, DONE_OBS_ALIGNED, EV_GIVEN, NV_EXPLICIT, NV_IMPLIED
 
 AVAILABLE = nb is not None
-
-from .signatures import DONE_ARRAY, DONE_OBS_ALIGNED, NV_EXPLICIT, NV_IMPLIED, kinds
 
 
 if AVAILABLE:
     _inline = nb.njit(inline="always", cache=True)
     _c_gae = _inline(C.gae)
-    _c_td_lambda = _inline(C.td_lambda)
-    _c_discounted = _inline(C.discounted)
+    _c_td_lambda_return = _inline(C.td_lambda_return)
+    _c_discounted_return = _inline(C.discounted_return)
     _c_vtrace = _inline(C.vtrace)
     _c_vtrace_pg = _inline(C.vtrace_pg)
     _c_retrace = _inline(C.retrace)
 
     # helpers take scalars: passing arrays into a call in the loop costs reference counting.
-    # Kernels pass gamma as ``g[i, t] * 1.0`` so that products like gamma * lambda are formed in
-    # float64, not rounded to float32 first
+    # Kernels pass gamma as ``gamma[i, t] * 1.0`` so that products like gamma * lambda are formed
+    # in float64, not rounded to float32 first
 
     @_inline
-    def _flags(term, done, done_next, trunc, last_done, done_mode, last):
+    def _not(flag):
+        return 0.0 if flag != 0 else 1.0
+
+    @_inline
+    def _flags(terminated, done, done_next, truncated, last_done, done_mode, last):
+        """(1 - terminated, 1 - done) from the flag group (spec.FLAGS) at one step; ``done_next``
+        is done[t+1] (episode starts, when observation-aligned), ``last`` whether t = T-1."""
         if done_mode == DONE_OBS_ALIGNED:
-            k = (last_done if last else done_next) != 0
-            d = k
-        else:
-            k = term != 0
-            d = (done != 0) if done_mode == DONE_ARRAY else (k or trunc != 0)
-        return (0.0 if k else 1.0), (0.0 if d else 1.0)
+            nd = _not(last_done if last else done_next)
+            return nd, nd
+        k = terminated != 0
+        d = (done != 0) if done_mode == DONE_ARRAY else (k or truncated != 0)
+        return _not(k), _not(d)
 
     @_inline
     def _next_value(nv, v_next, boot, nv_mode, last):
@@ -59,30 +66,33 @@ if AVAILABLE:
         return boot if last else v_next
 
 
-def _gae(r, v, nv, boot, term, done, trunc, last, g, l, nv_mode, done_mode, adv, tgt):
-    R, T = r.shape
+def gae(rewards, values, next_values, bootstrap_value, terminated, done, truncated, last_done, gamma, lmbda,
+        nv_mode, done_mode, advantages, value_targets):
+    R, T = rewards.shape
     for i in prange(R):
         acc = 0.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term[i, t], done[i, t], done[i, min(t + 1, T - 1)], trunc[i, t], last[i],
-                                  done_mode, t == T - 1)
-            nvt = _next_value(nv[i, t], v[i, min(t + 1, T - 1)], boot[i], nv_mode, t == T - 1)
-            a, b = _c_gae(r[i, t], v[i, t], nvt, nterm, ndone, g[i, t] * 1.0, l[i, t])
+            tn = min(t + 1, T - 1)
+            nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, tn], truncated[i, t], last_done[i], done_mode,
+                                  t == T - 1)
+            nvt = _next_value(next_values[i, t], values[i, tn], bootstrap_value[i], nv_mode, t == T - 1)
+            a, b = _c_gae(rewards[i, t], values[i, t], nvt, nterm, ndone, gamma[i, t] * 1.0, lmbda[i, t])
             acc = a + b * acc
-            adv[i, t] = acc
-            tgt[i, t] = acc + v[i, t]
+            advantages[i, t] = acc
+            value_targets[i, t] = acc + values[i, t]
 
 
 ROW_BLOCK = 256  # rows advanced together per time step in time-major memory (1 KB of float32)
-# below this many elements the rows of a time-major rollout stay in cache and walking them one
-# by one is faster (measured on the 2-core CPU machine: 0.8-0.95x at 1k-512k elements, 2x at 2M)
+# below this many elements a time-major rollout stays in cache and walking its rows one by one
+# is faster (re-tune: python benchmarks/torchrl_cpu.py --shapes ... on a CPU machine)
 ROW_BLOCK_MIN_ELEMENTS = 1 << 20
 
 
-def _gae_row_blocks(r, v, nv, boot, term, done, trunc, last, g, l, nv_mode, done_mode, adv, tgt):
-    """``_gae`` for time-major memory (rows adjacent): blocks of rows step through time together,
+def gae_row_blocks(rewards, values, next_values, bootstrap_value, terminated, done, truncated, last_done, gamma,
+                   lmbda, nv_mode, done_mode, advantages, value_targets):
+    """``gae`` for time-major memory (rows adjacent): blocks of rows step through time together,
     so each step reads contiguous runs instead of one element per cache line."""
-    R, T = r.shape
+    R, T = rewards.shape
     for blk in prange((R + ROW_BLOCK - 1) // ROW_BLOCK):
         lo = blk * ROW_BLOCK
         hi = min(lo + ROW_BLOCK, R)
@@ -91,160 +101,173 @@ def _gae_row_blocks(r, v, nv, boot, term, done, trunc, last, g, l, nv_mode, done
             tn = min(t + 1, T - 1)
             end = t == T - 1
             for i in range(lo, hi):
-                nterm, ndone = _flags(term[i, t], done[i, t], done[i, tn], trunc[i, t], last[i], done_mode, end)
-                nvt = _next_value(nv[i, t], v[i, tn], boot[i], nv_mode, end)
-                a, b = _c_gae(r[i, t], v[i, t], nvt, nterm, ndone, g[i, t] * 1.0, l[i, t])
+                nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, tn], truncated[i, t], last_done[i],
+                                      done_mode, end)
+                nvt = _next_value(next_values[i, t], values[i, tn], bootstrap_value[i], nv_mode, end)
+                a, b = _c_gae(rewards[i, t], values[i, t], nvt, nterm, ndone, gamma[i, t] * 1.0, lmbda[i, t])
                 x = a + b * acc[i - lo]
                 acc[i - lo] = x
-                adv[i, t] = x
-                tgt[i, t] = x + v[i, t]
+                advantages[i, t] = x
+                value_targets[i, t] = x + values[i, t]
 
 
-def _gae_episode_starts(r, v, starts, boot, last, g, l, adv, tgt):
-    """``_gae`` for SB3's and CleanRL's call (observation-aligned flags, implied next values,
-    constant gamma and lambda), without the stand-in inputs and mode branches of the general
-    kernel: done[t] = starts[t+1], done[T-1] = last, every done a termination."""
-    R, T = r.shape
+def gae_episode_starts(rewards, values, episode_starts, bootstrap_value, last_done, gamma, lmbda, advantages,
+                       value_targets):
+    """``gae`` for SB3's and CleanRL's call (observation-aligned flags, implied next values,
+    number coefficients), without the stand-in inputs and mode branches of the general kernel:
+    done[t] = episode_starts[t+1], done[T-1] = last_done, every done a termination."""
+    R, T = rewards.shape
     for i in prange(R):
-        nd = 0.0 if last[i] != 0 else 1.0
-        acc, b = _c_gae(r[i, T - 1], v[i, T - 1], boot[i], nd, nd, g, l)
-        adv[i, T - 1] = acc
-        tgt[i, T - 1] = acc + v[i, T - 1]
+        nd = _not(last_done[i])
+        acc, b = _c_gae(rewards[i, T - 1], values[i, T - 1], bootstrap_value[i], nd, nd, gamma, lmbda)
+        advantages[i, T - 1] = acc
+        value_targets[i, T - 1] = acc + values[i, T - 1]
         for t in range(T - 2, -1, -1):
-            nd = 0.0 if starts[i, t + 1] != 0 else 1.0
-            a, b = _c_gae(r[i, t], v[i, t], v[i, t + 1], nd, nd, g, l)
+            nd = _not(episode_starts[i, t + 1])
+            a, b = _c_gae(rewards[i, t], values[i, t], values[i, t + 1], nd, nd, gamma, lmbda)
             acc = a + b * acc
-            adv[i, t] = acc
-            tgt[i, t] = acc + v[i, t]
+            advantages[i, t] = acc
+            value_targets[i, t] = acc + values[i, t]
 
 
-def _gae_episode_starts_blocks(r, v, starts, boot, last, g, l, adv, tgt):
-    """``_gae_episode_starts`` for time-major memory: blocks of rows step through time together
-    (A/B on the CPU machine: 1.3x walking the rows at 8 rows, 1.9x from 16 rows on)."""
-    R, T = r.shape
+def gae_episode_starts_blocks(rewards, values, episode_starts, bootstrap_value, last_done, gamma, lmbda, advantages,
+                              value_targets):
+    """``gae_episode_starts`` for time-major memory: blocks of rows step through time together."""
+    R, T = rewards.shape
     for blk in prange((R + ROW_BLOCK - 1) // ROW_BLOCK):
         lo = blk * ROW_BLOCK
         hi = min(lo + ROW_BLOCK, R)
         acc = np.empty(ROW_BLOCK)
         for i in range(lo, hi):
-            nd = 0.0 if last[i] != 0 else 1.0
-            a, b = _c_gae(r[i, T - 1], v[i, T - 1], boot[i], nd, nd, g, l)
+            nd = _not(last_done[i])
+            a, b = _c_gae(rewards[i, T - 1], values[i, T - 1], bootstrap_value[i], nd, nd, gamma, lmbda)
             acc[i - lo] = a
-            adv[i, T - 1] = a
-            tgt[i, T - 1] = a + v[i, T - 1]
+            advantages[i, T - 1] = a
+            value_targets[i, T - 1] = a + values[i, T - 1]
         for t in range(T - 2, -1, -1):
             for i in range(lo, hi):
-                nd = 0.0 if starts[i, t + 1] != 0 else 1.0
-                a, b = _c_gae(r[i, t], v[i, t], v[i, t + 1], nd, nd, g, l)
+                nd = _not(episode_starts[i, t + 1])
+                a, b = _c_gae(rewards[i, t], values[i, t], values[i, t + 1], nd, nd, gamma, lmbda)
                 x = a + b * acc[i - lo]
                 acc[i - lo] = x
-                adv[i, t] = x
-                tgt[i, t] = x + v[i, t]
+                advantages[i, t] = x
+                value_targets[i, t] = x + values[i, t]
 
 
-def _td_lambda(r, nv, term, done, trunc, last, g, l, done_mode, out):
-    R, T = r.shape
-    for i in prange(R):
-        acc = nv[i, T - 1] * 1.0 if T > 0 else 0.0
-        for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term[i, t], done[i, t], done[i, min(t + 1, T - 1)], trunc[i, t], last[i],
-                                  done_mode, t == T - 1)
-            a, b = _c_td_lambda(r[i, t], nv[i, t], nterm, ndone, g[i, t] * 1.0, l[i, t])
-            acc = a + b * acc
-            out[i, t] = acc
-
-
-def _discounted(r, nv, carry, term, done, trunc, last, g, done_mode, out):
-    R, T = r.shape
+def td_lambda_return(rewards, next_values, carry, terminated, done, truncated, last_done, gamma, lmbda, done_mode,
+                     returns):
+    R, T = rewards.shape
     for i in prange(R):
         acc = carry[i] * 1.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term[i, t], done[i, t], done[i, min(t + 1, T - 1)], trunc[i, t], last[i],
-                                  done_mode, t == T - 1)
-            a, b = _c_discounted(r[i, t], nv[i, t], nterm, ndone, g[i, t])
+            nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, min(t + 1, T - 1)], truncated[i, t],
+                                  last_done[i], done_mode, t == T - 1)
+            a, b = _c_td_lambda_return(rewards[i, t], next_values[i, t], nterm, ndone, gamma[i, t] * 1.0,
+                                       lmbda[i, t])
             acc = a + b * acc
-            out[i, t] = acc
+            returns[i, t] = acc
 
 
-def _vtrace(r, v, nv, boot, lp, lm, term, done, trunc, last, g, l, rho_bar, c_bar, rho_bar_pg,
-            nv_mode, done_mode, vs_out, pg_out):
-    R, T = r.shape
+def discounted_return(rewards, next_values, carry, terminated, done, truncated, last_done, gamma, done_mode,
+                      returns):
+    R, T = rewards.shape
+    for i in prange(R):
+        acc = carry[i] * 1.0
+        for t in range(T - 1, -1, -1):
+            nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, min(t + 1, T - 1)], truncated[i, t],
+                                  last_done[i], done_mode, t == T - 1)
+            a, b = _c_discounted_return(rewards[i, t], next_values[i, t], nterm, ndone, gamma[i, t])
+            acc = a + b * acc
+            returns[i, t] = acc
+
+
+def vtrace(rewards, values, next_values, bootstrap_value, log_pi, log_mu, terminated, done, truncated, last_done,
+           gamma, lmbda, rho_bar, c_bar, rho_bar_pg, nv_mode, done_mode, vs, pg_advantages):
+    R, T = rewards.shape
     for i in prange(R):
         acc = 0.0
         vs_next = 0.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term[i, t], done[i, t], done[i, min(t + 1, T - 1)], trunc[i, t], last[i],
-                                  done_mode, t == T - 1)
-            nvt = _next_value(nv[i, t], v[i, min(t + 1, T - 1)], boot[i], nv_mode, t == T - 1)
-            ratio = np.exp(lp[i, t] * 1.0 - lm[i, t])
+            nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, min(t + 1, T - 1)], truncated[i, t],
+                                  last_done[i], done_mode, t == T - 1)
+            nvt = _next_value(next_values[i, t], values[i, min(t + 1, T - 1)], bootstrap_value[i], nv_mode,
+                              t == T - 1)
+            ratio = np.exp(log_pi[i, t] * 1.0 - log_mu[i, t])
             rho = min(rho_bar, ratio)
-            c = l[i, t] * min(c_bar, ratio)
+            c = lmbda[i, t] * min(c_bar, ratio)
             if ndone == 0.0 or t == T - 1:
                 vs_next = nvt
-            pg_out[i, t] = _c_vtrace_pg(r[i, t], v[i, t], vs_next, nterm, g[i, t], min(rho_bar_pg, ratio))
-            a, b = _c_vtrace(r[i, t], v[i, t], nvt, nterm, ndone, g[i, t], rho, c)
+            pg_advantages[i, t] = _c_vtrace_pg(rewards[i, t], values[i, t], vs_next, nterm, gamma[i, t],
+                                               min(rho_bar_pg, ratio))
+            a, b = _c_vtrace(rewards[i, t], values[i, t], nvt, nterm, ndone, gamma[i, t], rho, c)
             acc = a + b * acc
-            vs_next = acc + v[i, t]
-            vs_out[i, t] = vs_next
+            vs_next = acc + values[i, t]
+            vs[i, t] = vs_next
 
 
-def _retrace(r, q, lp, lm, ev, pi, nq, term, done, trunc, last, g, l, c_bar, ev_mode, done_mode, out):
-    R, T = r.shape
-    A = pi.shape[2]
+def retrace(rewards, q_values, log_pi, log_mu, next_expected_q, next_pi, next_q, terminated, done, truncated,
+            last_done, gamma, lmbda, c_bar, ev_mode, done_mode, q_targets):
+    R, T = rewards.shape
+    A = next_pi.shape[2]
     for i in prange(R):
         acc = 0.0
         c_next = 0.0
         for t in range(T - 1, -1, -1):
-            nterm, ndone = _flags(term[i, t], done[i, t], done[i, min(t + 1, T - 1)], trunc[i, t], last[i],
-                                  done_mode, t == T - 1)
-            if ev_mode == 0:
-                evt = ev[i, t] * 1.0
+            nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, min(t + 1, T - 1)], truncated[i, t],
+                                  last_done[i], done_mode, t == T - 1)
+            if ev_mode == EV_GIVEN:
+                evt = next_expected_q[i, t] * 1.0
             else:
                 evt = 0.0
                 for a_ in range(A):
-                    evt += pi[i, t, a_] * nq[i, t, a_]
-            a, b = _c_retrace(r[i, t], q[i, t], evt, nterm, ndone, g[i, t], c_next)
+                    evt += next_pi[i, t, a_] * next_q[i, t, a_]
+            a, b = _c_retrace(rewards[i, t], q_values[i, t], evt, nterm, ndone, gamma[i, t], c_next)
             acc = a + b * acc
-            out[i, t] = acc + q[i, t]
-            c_next = l[i, t] * min(c_bar, np.exp(lp[i, t] * 1.0 - lm[i, t]))
+            q_targets[i, t] = acc + q_values[i, t]
+            c_next = lmbda[i, t] * min(c_bar, np.exp(log_pi[i, t] * 1.0 - log_mu[i, t]))
 
 
-def _forward_trace(x, done, g, l, initial, out):
-    """e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1], e[-1] = initial."""
+def eligibility_trace(x, done, gamma, lmbda, carry, traces):
+    """e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1], e[-1] = carry."""
     R, T = x.shape
     for i in prange(R):
-        acc = initial[i] * 1.0
+        acc = carry[i] * 1.0
         cut = False
         for t in range(T):
             if cut:
                 acc = x[i, t] * 1.0
             else:
-                acc = x[i, t] + g[i, t] * 1.0 * l[i, t] * acc
-            out[i, t] = acc
+                acc = x[i, t] + gamma[i, t] * 1.0 * lmbda[i, t] * acc
+            traces[i, t] = acc
             cut = done[i, t] != 0
 
 
-def _affine_scan(alpha, beta, carry, reverse, out):
+def affine_scan(alpha, beta, carry, reverse, y):
     R, T = alpha.shape
     for i in prange(R):
         acc = carry[i] * 1.0
         for s in range(T):
             t = T - 1 - s if reverse else s
             acc = alpha[i, t] + beta[i, t] * acc
-            out[i, t] = acc
+            y[i, t] = acc
 
+
+# name -> kernel; GAE's variants for time-major memory and for SB3's and CleanRL's call follow in run()
+KERNELS = {
+    "gae": gae, "td_lambda_return": td_lambda_return, "discounted_return": discounted_return, "vtrace": vtrace,
+    "retrace": retrace, "eligibility_trace": eligibility_trace, "affine_scan": affine_scan,
+}
+_EPISODE_STARTS_KINDS = ("f2", "f2", "u2", "f1", "u1", "s", "s")
 
 _compiled: dict = {}
 
-
-# below this, starting the thread pool costs more than it saves. Measured on the 2-core CPU
-# machine once the parallel builds were really parallel (cached apart): 1.1-1.3x from 32k
-# elements on, for SB3/CleanRL's and TorchRL's GAE calls, about even at 1k-16k
+# from this many elements on, rows run in parallel: below it starting the thread pool costs more
+# than it saves (re-tune: python benchmarks/torchrl_cpu.py and benchmarks/run.py --cpu)
 PARALLEL_MIN_ELEMENTS = 1 << 15
 
 
 def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
-    """``fn`` compiled for arguments of ``arg_kinds`` (``signatures.KINDS``) in float ``dtype``."""
+    """``fn`` compiled for arguments of ``arg_kinds`` (spec kinds, ``o2`` outputs) in float ``dtype``."""
     key = (fn.__name__, dtype, parallel)
     if key not in _compiled:
         ft = nb.from_dtype(dtype)
@@ -268,17 +291,6 @@ def _renamed(fn, suffix: str):
     copy = pytypes.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + suffix, fn.__defaults__, fn.__closure__)
     copy.__qualname__ = fn.__qualname__ + suffix
     return copy
-
-
-KERNELS = {
-    "gae": _gae, "td_lambda": _td_lambda, "discounted": _discounted, "vtrace": _vtrace,
-    "retrace": _retrace, "forward_trace": _forward_trace, "affine_scan": _affine_scan,
-}
-_KINDS = {name: kinds(name, outputs="o2") for name in KERNELS}
-# time-major variant of the general GAE kernel (SB3's and CleanRL's call has its own,
-# _gae_episode_starts_blocks); the other algorithms walk one row at a time
-ROW_BLOCK_KERNELS = {"gae": _gae_row_blocks}
-_EPISODE_STARTS_KINDS = "f2 f2 u2 f1 u1 s s o2 o2".split()
 
 
 _NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
@@ -323,7 +335,7 @@ def _dense(x: torch.Tensor):
 
 def _flag_bytes(x: torch.Tensor) -> np.ndarray:
     """A flag tensor as a 0/1 uint8 numpy array of its shape: bool and int8 viewed, others
-    converted in one numba pass (5x the torch comparison on the CPU machine)."""
+    converted in one numba pass."""
     if x.dtype == torch.bool or x.dtype == torch.int8:
         return x.numpy().view(np.uint8)
     if x.dtype == torch.uint8:
@@ -356,7 +368,7 @@ def implies(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
-    """One kernel argument from the estimators' form (tensor, None or number) to numba's.
+    """One kernel argument from the launcher's form (tensor, None or number) to numba's.
 
     Absent or constant arrays become stride-0 broadcasts, flags become uint8 0/1.
     """
@@ -375,28 +387,31 @@ def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
 
 
 def _episode_starts_args(args, np_dtype):
-    """GAE's arguments in ``_gae_episode_starts``'s form when the call is SB3's or CleanRL's,
+    """GAE's arguments in ``gae_episode_starts``'s order when the call is SB3's or CleanRL's,
     else None. Python-number coefficients are applied in the compute dtype, as everywhere."""
-    r, v, nv, boot, term, starts, trunc, last, g, l, nv_mode, done_mode, adv, tgt = args
-    if (nv_mode != NV_IMPLIED or done_mode != DONE_OBS_ALIGNED or boot is None or isinstance(g, torch.Tensor)
-            or isinstance(l, torch.Tensor)):
+    if (args.nv_mode != NV_IMPLIED or args.done_mode != DONE_OBS_ALIGNED or args.bootstrap_value is None
+            or isinstance(args.gamma, torch.Tensor) or isinstance(args.lmbda, torch.Tensor)):
         return None
-    return r, v, starts, boot, last, float(np_dtype.type(g)), float(np_dtype.type(l)), adv, tgt
+    return (args.rewards, args.values, args.done, args.bootstrap_value, args.last_done,
+            float(np_dtype.type(args.gamma)), float(np_dtype.type(args.lmbda)))
 
 
-def run(name: str, dtype: torch.dtype, *args) -> None:
-    """Run kernel ``name`` (arguments: ``signatures.KINDS``); floats are computed in ``dtype``."""
+def run(algo: spec.Algorithm, dtype: torch.dtype, args, outs) -> None:
+    """Run ``algo``'s kernel: ``args`` is ``algo.Args``, ``outs`` the ``[R, T]`` output views;
+    floats are computed in ``dtype``."""
     ref = args[0]
     rows, steps = ref.shape[:2]
     np_dtype = _NUMPY_DTYPES[dtype]
     time_major = rows > 1 and ref.stride(0) < ref.stride(1)
-    fn, arg_kinds = KERNELS[name], _KINDS[name]
-    fast = _episode_starts_args(args, np_dtype) if name == "gae" else None
-    if fast is not None:
-        fn = _gae_episode_starts_blocks if time_major else _gae_episode_starts
-        args, arg_kinds = fast, _EPISODE_STARTS_KINDS
-    elif name in ROW_BLOCK_KERNELS and time_major and rows * steps >= ROW_BLOCK_MIN_ELEMENTS:
-        fn = ROW_BLOCK_KERNELS[name]
+    fn, arg_kinds = KERNELS[algo.name], algo.kinds
+    if algo is spec.GAE:
+        fast = _episode_starts_args(args, np_dtype)
+        if fast is not None:
+            fn = gae_episode_starts_blocks if time_major else gae_episode_starts
+            args, arg_kinds = fast, _EPISODE_STARTS_KINDS
+        elif time_major and rows * steps >= ROW_BLOCK_MIN_ELEMENTS:
+            fn = gae_row_blocks
     converted = [_adapt(k, a, rows, steps, dtype) for k, a in zip(arg_kinds, args)]
+    converted += [o.numpy() for o in outs]
     parallel = rows > 1 and rows * steps >= PARALLEL_MIN_ELEMENTS
-    _kernel(fn, arg_kinds, np_dtype, parallel)(*converted)
+    _kernel(fn, (*arg_kinds, *("o2",) * len(outs)), np_dtype, parallel)(*converted)

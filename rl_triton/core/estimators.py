@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 
 from . import coefficients as C
-from . import cpu, inputs, ops, scan
-from .signatures import DONE_ARRAY, DONE_OBS_ALIGNED, DONE_TERM_OR_TRUNC, NV_EXPLICIT, NV_IMPLIED
+from . import cpu, inputs, launch, scan, spec
 
 _TRUNCATION_HELP = (
     "truncated steps bootstrap from the value of the final observation, which values[t+1] does "
@@ -35,7 +34,6 @@ class _Call:
         self.cd = inputs.compute_dtype(ref.dtype)
         self.grad_inputs = [ref]
         self.term = self.done = self.trunc = self.last_done = None
-        self.done_mode = DONE_ARRAY
 
     # -- validation ----------------------------------------------------------------------
     def value(self, x, name, *, optional=False, shape=None):
@@ -84,8 +82,6 @@ class _Call:
             self.term = terminated if terminated is not None else done
         else:
             self.term, self.trunc = terminated, truncated
-            if terminated is not None or truncated is not None:
-                self.done_mode = DONE_TERM_OR_TRUNC
 
     def _check_binary(self, **flags) -> bool:
         """Data check that flags hold only 0 and 1; returns whether value checks are on."""
@@ -106,10 +102,10 @@ class _Call:
         self.done = self.rows.flag(episode_starts, "episode_starts")
         self.last_done = self.rows.flag(last_done, "last_done", shape=self.rows.row_shape)
         self._check_binary(episode_starts=self.done, last_done=self.last_done)
-        self.done_mode = DONE_OBS_ALIGNED
         self.maybe_truncated = False
 
-    def next_value_form(self, next_values, bootstrap_value) -> int:
+    def next_value_form(self, next_values, bootstrap_value):
+        """Explicit next values, or the implied form values[t+1] with an optional bootstrap value."""
         if next_values is not None:
             if bootstrap_value is not None:
                 raise ValueError(
@@ -117,11 +113,10 @@ class _Call:
                     "implied form), not both"
                 )
             self.value(next_values, "next_values")
-            return NV_EXPLICIT
+            return
         self.per_row(bootstrap_value, "bootstrap_value")
         if self.maybe_truncated:
             raise ValueError(f"next_values is required when steps can be truncated: {_TRUNCATION_HELP}")
-        return NV_IMPLIED
 
     # -- execution -----------------------------------------------------------------------
     def start(self, backend, out, n_out: int) -> bool:
@@ -134,7 +129,7 @@ class _Call:
             if not isinstance(out, (tuple, list)) or len(out) != n_out:
                 raise TypeError(f"out must be a tuple of {n_out} tensors")
             self.out = [self.rows.check_out(o, f"out[{i}]") for i, o in enumerate(out)]
-        self.backend = scan.resolve_backend(backend, self.rows.device)
+        self.backend = launch.resolve_backend(backend, self.rows.device)
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in self.grad_inputs)
         if needs_grad and out is not None:
             raise ValueError("out= does not support autograd; call without out= to get gradients")
@@ -151,29 +146,9 @@ class _Call:
     def empty_outputs(self):
         return self.results([None] * len(self.out))
 
-    def run_fused(self, name, *args):
-        """Run a fused kernel; the outputs' ``[R, T]`` views are appended to ``args``."""
-        rows = self.rows
-        if torch.compiler.is_compiling():
-            tensors, numbers = ops.encode(args)
-            results = ops.fused(name, self.backend, self.cd, tensors, numbers, rows.ref, rows.tdim, len(self.out))
-            results = tuple(r if o is None else o.copy_(r) for r, o in zip(results, self.out))
-            return results if len(results) > 1 else results[0]
-        # numba writes the compute dtype; Triton stores the caller's dtype itself
-        dtype = self.cd if self.backend == "cpu" else rows.dtype
-        outs = []
-        for given in self.out:
-            out, view = rows.output(given) if dtype == rows.dtype else (given, None)
-            buffer = torch.empty(rows.R, rows.T, dtype=dtype, device=rows.device) if view is None else None
-            outs.append((out, view if buffer is None else buffer, buffer))
-        args = (*args, *(view for _, view, _ in outs))
-        if self.backend == "cpu":
-            cpu.run(name, self.cd, *args)
-        else:
-            from . import kernels
-
-            kernels.run(name, *args)
-        results = tuple(out if buffer is None else rows.deliver(buffer, out) for out, _, buffer in outs)
+    def run_fused(self, algo: spec.Algorithm, **args):
+        """Run ``algo``'s fused kernel on ``[R, T]`` views of the named arguments."""
+        results = launch.run(algo, self.backend, self.cd, algo.bind(**args), self.rows, self.out)
         return results if len(results) > 1 else results[0]
 
     # -- the [R, T] views the kernels and the composed path read ---------------------------
@@ -193,13 +168,14 @@ class _Call:
             return torch.zeros(self.rows.R, dtype=self.cd, device=self.rows.device)
         return self.rows.per_row(x).to(self.cd)
 
-    def fused_flags(self):
-        """The kernels' flag group: terminated, done, truncated ([R, T]) and last done ([R])."""
-        return self.r(self.term), self.r(self.done), self.r(self.trunc), self.r_row(self.last_done)
+    def fused_flags(self) -> dict:
+        """The kernels' flag group (spec.FLAGS): terminated, done, truncated ([R, T]) and last_done ([R])."""
+        return dict(terminated=self.r(self.term), done=self.r(self.done), truncated=self.r(self.trunc),
+                    last_done=self.r_row(self.last_done))
 
     def composed_flags(self):
         """(1 - terminated, 1 - done) as float ``[R, T]`` tensors."""
-        if self.done_mode == DONE_OBS_ALIGNED:
+        if self.last_done is not None:
             done = torch.cat([self.r(self.done)[:, 1:] != 0, self.r_row(self.last_done)[:, None] != 0], 1)
             nd = 1.0 - done.to(self.cd)
             return nd, nd
@@ -230,14 +206,14 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     c = _Call(rewards, "rewards", time_dim)
     c.value(values, "values")
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
-    nv_mode = c.next_value_form(next_values, bootstrap_value)
+    c.next_value_form(next_values, bootstrap_value)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     fused = c.start(backend, out, 2)
     if c.empty:
         return c.empty_outputs()
     if fused:
-        return c.run_fused("gae", c.r(rewards), c.r(values), c.r(next_values), c.r_row(bootstrap_value),
-                           *c.fused_flags(), c.r(g), c.r(l), nv_mode, c.done_mode)
+        return c.run_fused(spec.GAE, rewards=c.r(rewards), values=c.r(values), next_values=c.r(next_values),
+                           bootstrap_value=c.r_row(bootstrap_value), **c.fused_flags(), gamma=c.r(g), lmbda=c.r(l))
     v = c.f(values)
     nterm, ndone = c.composed_flags()
     nv = c.composed_next_values(values, next_values, bootstrap_value)
@@ -261,11 +237,12 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     if c.empty:
         return c.empty_outputs()
     if fused:
-        return c.run_fused("td_lambda", c.r(rewards), c.r(next_values), *c.fused_flags(), c.r(g), c.r(l),
-                           c.done_mode)
+        nv = c.r(next_values)
+        return c.run_fused(spec.TD_LAMBDA_RETURN, rewards=c.r(rewards), next_values=nv, carry=nv[:, -1],
+                           **c.fused_flags(), gamma=c.r(g), lmbda=c.r(l))
     nv = c.f(next_values)
     nterm, ndone = c.composed_flags()
-    alpha, beta = C.td_lambda(c.f(rewards), nv, nterm, ndone, c.f(g), c.f(l))
+    alpha, beta = C.td_lambda_return(c.f(rewards), nv, nterm, ndone, c.f(g), c.f(l))
     return c.results([scan.scan(alpha, beta, nv[:, -1], True, c.backend)])
 
 
@@ -292,12 +269,13 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     if fused:
         nv = c.r(next_values)
         carry = c.r_row(bootstrap_value) if nv is None else nv[:, -1]
-        return c.run_fused("discounted", c.r(rewards), nv, carry, *c.fused_flags(), c.r(g), c.done_mode)
+        return c.run_fused(spec.DISCOUNTED_RETURN, rewards=c.r(rewards), next_values=nv, carry=carry,
+                           **c.fused_flags(), gamma=c.r(g))
     r = c.f(rewards)
     nv = c.f(next_values) if next_values is not None else torch.zeros_like(r)
     carry = c.f_row(bootstrap_value) if next_values is None else nv[:, -1]
     nterm, ndone = c.composed_flags()
-    alpha, beta = C.discounted(r, nv, nterm, ndone, c.f(g))
+    alpha, beta = C.discounted_return(r, nv, nterm, ndone, c.f(g))
     return c.results([scan.scan(alpha, beta, carry, True, c.backend)])
 
 
@@ -316,7 +294,7 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     c.value(log_pi, "log_pi")
     c.value(log_mu, "log_mu")
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
-    nv_mode = c.next_value_form(next_values, bootstrap_value)
+    c.next_value_form(next_values, bootstrap_value)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     rho_bar = inputs.check_threshold(rho_bar, "rho_bar")
     c_bar = inputs.check_threshold(c_bar, "c_bar")
@@ -325,9 +303,10 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     if c.empty:
         return c.empty_outputs()
     if fused:
-        return c.run_fused("vtrace", c.r(rewards), c.r(values), c.r(next_values), c.r_row(bootstrap_value),
-                           c.r(log_pi), c.r(log_mu), *c.fused_flags(), c.r(g), c.r(l), rho_bar, c_bar,
-                           rho_bar_pg, nv_mode, c.done_mode)
+        return c.run_fused(spec.VTRACE, rewards=c.r(rewards), values=c.r(values), next_values=c.r(next_values),
+                           bootstrap_value=c.r_row(bootstrap_value), log_pi=c.r(log_pi), log_mu=c.r(log_mu),
+                           **c.fused_flags(), gamma=c.r(g), lmbda=c.r(l), rho_bar=rho_bar, c_bar=c_bar,
+                           rho_bar_pg=rho_bar_pg)
     r, v = c.f(rewards), c.f(values)
     nv = c.composed_next_values(values, next_values, bootstrap_value)
     nterm, ndone = c.composed_flags()
@@ -376,9 +355,9 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
         return c.empty_outputs()
     if fused:
         pi, nq = (c.rows.rows_3d(next_pi), c.rows.rows_3d(next_q)) if pair else (None, None)
-        return c.run_fused("retrace", c.r(rewards), c.r(q_values), c.r(log_pi), c.r(log_mu),
-                           c.r(next_expected_q), pi, nq, *c.fused_flags(), c.r(g), c.r(l), c_bar, int(pair),
-                           c.done_mode)
+        return c.run_fused(spec.RETRACE, rewards=c.r(rewards), q_values=c.r(q_values), log_pi=c.r(log_pi),
+                           log_mu=c.r(log_mu), next_expected_q=c.r(next_expected_q), next_pi=pi, next_q=nq,
+                           **c.fused_flags(), gamma=c.r(g), lmbda=c.r(l), c_bar=c_bar)
     if pair:
         ev = (c.rows.rows_3d(next_pi).to(c.cd) * c.rows.rows_3d(next_q).to(c.cd)).sum(-1)
     else:
@@ -401,7 +380,8 @@ def _forward_trace(x, done, decay, initial, time_dim, backend, out):
     if c.empty:
         return c.empty_outputs()
     if fused:
-        return c.run_fused("forward_trace", c.r(x), c.r(c.done), c.r(decay[0]), c.r(decay[1]), c.r_row(initial))
+        return c.run_fused(spec.ELIGIBILITY_TRACE, x=c.r(x), done=c.r(c.done), gamma=c.r(decay[0]),
+                           lmbda=c.r(decay[1]), carry=c.r_row(initial))
     _, ndone = c.composed_flags()
     prev_open = torch.cat([torch.ones_like(ndone[:, :1]), ndone[:, :-1]], 1)
     beta = c.f(decay[0]) * c.f(decay[1]) * prev_open

@@ -24,21 +24,11 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-_ENVIRON_DATA = getattr(os.environ, "_data", None)  # CPython's encoded mapping behind os.environ
-_ENV_KEYS: dict = {}
-
-
 @torch.compiler.assume_constant_result
 def env(name: str) -> str | None:
-    """``os.environ.get(name)``, read on every call (users switch these variables at run time)
-    but without re-encoding the key and value each time (about 1 us each on the Python path)."""
-    if _ENVIRON_DATA is None:
-        return os.environ.get(name)
-    key = _ENV_KEYS.get(name)
-    if key is None:
-        key = _ENV_KEYS[name] = os.environ.encodekey(name)
-    raw = _ENVIRON_DATA.get(key)
-    return None if raw is None else os.environ.decodevalue(raw)
+    """``os.environ.get(name)``, read on every call: users switch these variables at run time.
+    A constant inside a torch.compile trace."""
+    return os.environ.get(name)
 
 
 def value_checks_on(device: torch.device) -> bool:

@@ -1,4 +1,4 @@
-"""The affine scan on ``[R, T]`` rows: backend choice, the per-backend scans, autograd.
+"""The differentiable affine scan on ``[R, T]`` rows, and the public ``affine_scan``.
 
     reverse: y[t] = alpha[t] + beta[t] * y[t+1],  y[T]  = carry
     forward: y[t] = alpha[t] + beta[t] * y[t-1],  y[-1] = carry
@@ -11,80 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu, inputs
-
-BACKENDS = ("auto", "triton", "cpu", "torch")
-
-
-def triton_usable(device: torch.device) -> bool:
-    """Triton runs CUDA tensors, or CPU tensors under the interpreter (TRITON_INTERPRET=1)."""
-    from . import kernels
-
-    if not kernels.AVAILABLE:
-        return False
-    if device.type == "cuda":
-        return True
-    return device.type == "cpu" and kernels.INTERPRET
-
-
-_resolved: dict = {}
-
-
-def resolve_backend(backend, device: torch.device) -> str:
-    """Pick the backend for tensors on ``device``; ``None`` reads ``RL_TRITON_BACKEND``."""
-    if backend is None:
-        backend = inputs.env("RL_TRITON_BACKEND") or "auto"
-    key = (backend, device.type)
-    if key not in _resolved:
-        _resolved[key] = _resolve(backend, device)
-    return _resolved[key]
-
-
-def _resolve(backend, device: torch.device) -> str:
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
-    name = backend.strip().lower()
-    if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if name == "auto":
-        if device.type == "cuda" and triton_usable(device):
-            return "triton"
-        if device.type == "cpu" and cpu.AVAILABLE:
-            return "cpu"
-        return "torch"
-    if name == "cpu":
-        if not cpu.AVAILABLE:
-            raise ValueError("backend='cpu' needs numba: pip install 'rl-triton[cpu]'")
-        if device.type != "cpu":
-            raise ValueError(f"backend='cpu' runs CPU tensors, got tensors on {device}")
-    if name == "triton" and not triton_usable(device):
-        raise ValueError(
-            f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors), got {device}"
-        )
-    return name
-
-
-def _scan_torch(alpha, beta, carry, reverse):
-    y = torch.empty_like(alpha)
-    acc = carry
-    steps = range(alpha.shape[1] - 1, -1, -1) if reverse else range(alpha.shape[1])
-    for t in steps:
-        acc = torch.addcmul(alpha[:, t], beta[:, t], acc)
-        y[:, t] = acc
-    return y
-
-
-def _scan_raw(alpha, beta, carry, reverse, backend):
-    """y for float tensors alpha, beta [R, T] and carry [R], no autograd."""
-    if backend == "cpu":
-        y = torch.empty(alpha.shape, dtype=alpha.dtype)
-        cpu.run("affine_scan", alpha.dtype, alpha, beta, carry, bool(reverse), y)
-        return y
-    if backend == "triton":
-        from . import kernels
-
-        return kernels.affine_scan(alpha, beta, carry, reverse)
-    return _scan_torch(alpha, beta, carry, reverse)
+from . import inputs, launch
 
 
 def _shift(x, reverse, fill):
@@ -93,18 +20,10 @@ def _shift(x, reverse, fill):
     return torch.cat([x[:, 1:], fill], 1) if reverse else torch.cat([fill, x[:, :-1]], 1)
 
 
-def _scan_op(alpha, beta, carry, reverse, backend):
-    if torch.compiler.is_compiling():
-        from . import ops
-
-        return ops.affine_scan_rows(alpha, beta, carry, reverse, backend)
-    return _scan_raw(alpha, beta, carry, reverse, backend)
-
-
 class _AffineScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, alpha, beta, carry, reverse, backend):
-        y = _scan_op(alpha, beta, carry, reverse, backend)
+        y = launch.scan_rows(alpha, beta, carry, reverse, backend)
         ctx.save_for_backward(beta, carry, y)
         ctx.reverse, ctx.backend = reverse, backend
         return y
@@ -128,7 +47,7 @@ def scan(alpha, beta, carry, reverse: bool, backend: str):
         return alpha.clone()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (alpha, beta, carry)):
         return _AffineScan.apply(alpha, beta, carry, reverse, backend)
-    return _scan_op(alpha, beta, carry, reverse, backend)
+    return launch.scan_rows(alpha, beta, carry, reverse, backend)
 
 
 def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend=None, out=None):
@@ -155,7 +74,7 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
         rows.check_out(out, "out")
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (alpha, beta, initial)):
             raise ValueError("out= does not support autograd; call without out= to get gradients")
-    backend = resolve_backend(backend, rows.device)
+    backend = launch.resolve_backend(backend, rows.device)
     cd = inputs.compute_dtype(alpha.dtype)
     a = rows.rows(alpha).to(cd)
     b = rows.rows(beta).to(cd)

@@ -1,25 +1,15 @@
-"""Triton backend: launch planning and argument packing for the scan engine.
+"""Triton backend: the launch plan and argument packing for the scan engine.
 
-``run(name, *args)`` takes the same arguments as the numba backend (``signatures.KINDS``).
-The launch plan is a small function of (rows, T, dtype):
+``run(algo, args, outs)`` launches the engine for one algorithm of ``rl_triton/core/spec.py`` on
+``[R, T]`` views. The plan (:func:`plan`) is a small function of (rows, T, dtype, direction)
+that picks the tile (``BLOCK_R`` rows x ``BLOCK_T`` steps), the warps, and whether the time axis
+is split into segments (reduce-then-scan) when the rows alone cannot fill the GPU. Its rules and
+the H200 sweeps behind them are in docs/benchmarks.md; re-tune with
+``python benchmarks/sweep_plan.py``.
 
-- ``BLOCK_T`` = next power of two of T, at most 1024 steps (512 in float64): rows up to that
-  length are one chunk, longer rows are walked in chunks with the carry in registers; when the
-  rows alone fill the GPU four times over, 128-step chunks (more programs in flight), except
-  forward scans of 4096 steps or more, and reverse scans of 256 steps or more (one 256-step
-  row per program of one warp, two where four or more inputs stream in; not V-trace,
-  whose lane gather is cheaper on 128-step chunks of four rows); forward scans whose rows
-  fill the GPU use at most 4 warps; fewer rows than the GPU holds twice over, of 1025 to 4096
-  steps (not float64, not V-trace), are one whole-row chunk;
-- ``BLOCK_R`` fills a tile of ~512 elements, so many short rows share one program, with one
-  warp per 128 elements (measured best on the H200 for balanced shapes, docs/benchmarks.md);
-- when the row programs alone cannot fill the GPU (fewer than 2 per multiprocessor) and rows
-  span at least 4 chunks, the time axis is split into segments: one pass reduces each segment
-  to an affine map, a second folds the maps into carries and scans (reduce-then-scan).
-
-Launches: the first launch of each argument specialisation (dtypes, alignment, strides, sizes)
-goes through Triton's dispatch, which compiles or finds the kernel; the compiled kernel is kept
-under that key and later launches call its launcher directly (``_launch``).
+The first launch of each argument specialisation (dtypes, alignment, strides, sizes) goes
+through Triton's dispatch, which compiles or finds the kernel; the compiled kernel is kept under
+that key and later launches call its launcher directly (``_launch``).
 """
 
 from __future__ import annotations
@@ -31,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..signatures import KINDS, N_OUT, kinds
+from .. import spec
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 try:
@@ -39,7 +29,7 @@ try:
 
     from triton.runtime import driver
 
-    from .builders import ALGORITHMS
+    from .builders import PARTS
     from .engine import scan_kernel
 
     try:
@@ -117,7 +107,6 @@ def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = Tr
 
 
 _launches: dict = {}
-_KINDS = {name: kinds(name) for name in KINDS}
 
 
 class _Config(NamedTuple):
@@ -135,13 +124,14 @@ class _Config(NamedTuple):
     key: tuple
 
 
-def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, streams: int,
+def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: bool, streams: int,
                    device: torch.device) -> _Config:
-    """The launch of ``name`` on R rows of T steps, cached per shape class."""
-    key = (name, R, T, acc64, reverse, streams, device)
+    """The launch of ``algo`` on R rows of T steps, cached per shape class."""
+    key = (algo.name, R, T, acc64, reverse, streams, device)
     config = None if _forced else _launches.get(key)
     if config is None:
-        build, init, store, _, need_prev = ALGORITHMS[name]
+        build, init, store = PARTS[algo.name]
+        need_prev = algo.need_prev
         block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device, reverse, need_prev,
                                                                          streams)
         acc = tl.float64 if acc64 else tl.float32
@@ -154,7 +144,7 @@ def _launch_config(name: str, R: int, T: int, acc64: bool, reverse: bool, stream
                               *even, one_chunk)
                       for phase in (0, 1, 2)}
         config = _Config((_cdiv(R, block_r), n_seg), block_r, block_t, seg_chunks, n_seg, constexprs, num_warps,
-                         (name, acc64, reverse, block_r, block_t, seg_block, num_warps, device))
+                         (algo.name, acc64, reverse, block_r, block_t, seg_block, num_warps, device))
         if not _forced:
             _launches[key] = config
     return config
@@ -180,7 +170,7 @@ def _pack(arg_kinds, args, R: int, T: int, acc64: bool, device, pad_r: int, pad_
     16-byte alignment and the strides themselves, a superset of what Triton specialises on, so
     a kernel cached under it is reused only where Triton's dispatch would choose the same one;
     and whether some offset, padded tiles included, needs 64-bit indices."""
-    packed, direct, spec = [], [], []
+    packed, direct, keys = [], [], []
     extent = 0
     for kind, x in zip(arg_kinds, args):
         if x is None or kind == "i" or kind == "b":  # direction is a constexpr
@@ -206,21 +196,8 @@ def _pack(arg_kinds, args, R: int, T: int, acc64: bool, device, pad_r: int, pad_
             s = 0
         packed.append(p)
         direct.append(d)
-        spec.append(s)
-    return packed, direct, tuple(spec), extent >= _INT32_LIMIT
-
-
-def _drop_terminated(name: str):
-    """Index of ``terminated`` in the flag group (terminated, done, truncated, last done), or None."""
-    k = _KINDS[name]
-    for i in range(len(k) - 3):
-        if k[i:i + 4] == ["u2", "u2", "u2", "u1"]:
-            return i
-    return None
-
-
-_TERM_INDEX = {name: _drop_terminated(name) for name in KINDS} if AVAILABLE else {}
-_STREAMS = {name: [i for i, k in enumerate(KINDS[name].split()) if k in ("f2", "f3")] for name in KINDS}
+        keys.append(s)
+    return packed, direct, tuple(keys), extent >= _INT32_LIMIT
 
 
 _compiled: dict = {}
@@ -260,29 +237,26 @@ def _hooks_active() -> bool:
     return bool(getattr(enter, "calls", enter)) or bool(getattr(exit_, "calls", exit_))
 
 
-def run(name: str, *args) -> None:
-    """Launch algorithm ``name`` on ``[R, T]`` views; the outputs are the last arguments."""
-    reverse = ALGORITHMS[name][3]
-    n_out = N_OUT.get(name, 1)
+def run(algo: spec.Algorithm, args, outs) -> None:
+    """Launch ``algo`` on ``[R, T]`` views: ``args`` is ``algo.Args``, ``outs`` the output views."""
     ref = args[0]
     R, T = ref.shape[:2]
     acc64 = ref.dtype == torch.float64
     device = ref.device
-    if reverse is None:
-        reverse = bool(args[3])
-    streams = sum(isinstance(args[i], torch.Tensor) for i in _STREAMS[name])
-    config = _launch_config(name, R, T, acc64, reverse, streams, device)
-    term = _TERM_INDEX[name]
-    if term is not None and args[term] is not None and args[term] is args[term + 1]:
-        args = (*args[:term], None, *args[term + 1:])  # done alone: every done a termination
-    packed, direct, spec, wide = _pack(_KINDS[name], args, R, T, acc64, device, config.block_r, config.block_t + 1)
-    split = -n_out
-    args = (tuple(packed[:split]), tuple(packed[split:]))
-    direct = (tuple(direct[:split]), tuple(direct[split:]))
+    reverse = algo.reverse if algo.reverse is not None else bool(args.reverse)
+    streams = sum(isinstance(args[i], torch.Tensor) for i in algo.streams)
+    config = _launch_config(algo, R, T, acc64, reverse, streams, device)
+    if "terminated" in algo.names and args.terminated is not None and args.terminated is args.done:
+        args = args._replace(terminated=None)  # done alone: every done a termination
+    n = len(args)
+    packed, direct, keys, wide = _pack(algo.kinds + ("f2",) * len(outs), (*args, *outs), R, T, acc64, device,
+                                       config.block_r, config.block_t + 1)
+    args = (algo.Args(*packed[:n]), algo.Outs(*packed[n:]))
+    direct = (tuple(direct[:n]), tuple(direct[n:]))
     runtime = (R, T, config.seg_chunks, config.n_seg)
     idx = tl.int64 if wide else tl.int32
     # the workspace is a fresh (aligned) allocation, or the first input, which the key covers
-    key = (config.key, spec, runtime, wide)
+    key = (config.key, keys, runtime, wide)
     other_gpu = device.type == "cuda" and device.index != torch.cuda.current_device()
     with torch.cuda.device(device) if other_gpu else contextlib.nullcontext():
         if config.n_seg > 1:
@@ -291,10 +265,3 @@ def run(name: str, *args) -> None:
             _launch(key, config, args, direct, ws, runtime, 2, idx)
         else:
             _launch(key, config, args, direct, ref, runtime, 0, idx)
-
-
-def affine_scan(alpha, beta, carry, reverse: bool):
-    """y for ``[R, T]`` float tensors alpha, beta and carry ``[R]`` (the differentiable path's scan)."""
-    y = torch.empty(alpha.shape, dtype=alpha.dtype, device=alpha.device)
-    run("affine_scan", alpha, beta, carry, reverse, y)
-    return y

@@ -1,0 +1,180 @@
+"""The one launch path: backend choice, output buffers, and dispatch of an algorithm of
+``rl_triton/core/spec.py`` to Triton, numba or (for the affine scan) a torch loop.
+
+Inside a ``torch.compile`` trace the launches go through torch custom ops, so
+``torch.compile(fullgraph=True)`` traces the estimators without graph breaks (the kernels are
+opaque to the compiler, described to it by fake implementations); eager calls launch directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import cpu, inputs, spec
+
+BACKENDS = ("auto", "triton", "cpu", "torch")
+
+
+def _kernels():
+    """The Triton backend, imported on first use (importing triton takes a while)."""
+    from . import kernels
+
+    return kernels
+
+
+def triton_usable(device: torch.device) -> bool:
+    """Triton runs CUDA tensors, or CPU tensors under the interpreter (TRITON_INTERPRET=1)."""
+    kernels = _kernels()
+    if not kernels.AVAILABLE:
+        return False
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and kernels.INTERPRET
+
+
+_resolved: dict = {}
+
+
+def resolve_backend(backend, device: torch.device) -> str:
+    """The backend for tensors on ``device``; ``None`` reads ``RL_TRITON_BACKEND``."""
+    if backend is None:
+        backend = inputs.env("RL_TRITON_BACKEND") or "auto"
+    key = (backend, device.type)
+    if key not in _resolved:
+        _resolved[key] = _resolve(backend, device)
+    return _resolved[key]
+
+
+def _resolve(backend, device: torch.device) -> str:
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
+    name = backend.strip().lower()
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if name == "auto":
+        if device.type == "cuda" and triton_usable(device):
+            return "triton"
+        if device.type == "cpu" and cpu.AVAILABLE:
+            return "cpu"
+        return "torch"
+    if name == "cpu":
+        if not cpu.AVAILABLE:
+            raise ValueError("backend='cpu' needs numba: pip install 'rl-triton[cpu]'")
+        if device.type != "cpu":
+            raise ValueError(f"backend='cpu' runs CPU tensors, got tensors on {device}")
+    if name == "triton" and not triton_usable(device):
+        raise ValueError(
+            f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors), got {device}"
+        )
+    return name
+
+
+def _dispatch(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, outs) -> None:
+    """Run ``algo`` on ``[R, T]`` views (``args``: ``algo.Args``) into the output views ``outs``."""
+    if backend == "cpu":
+        cpu.run(algo, compute, args, outs)
+    else:
+        _kernels().run(algo, args, outs)
+
+
+def _run(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, rows: inputs.Rows, given):
+    """Outputs in the caller's layout (``given``: caller tensors or None each). The kernels write
+    the outputs in place where they have an ``[R, T]`` view in the kernel's dtype (numba writes
+    the compute dtype, Triton the caller's), else into a buffer copied out afterwards."""
+    dtype = compute if backend == "cpu" else rows.dtype
+    outs = []
+    for out in given:
+        out, view = rows.output(out) if dtype == rows.dtype else (out, None)
+        buffer = torch.empty(rows.R, rows.T, dtype=dtype, device=rows.device) if view is None else None
+        outs.append((out, view if buffer is None else buffer, buffer))
+    _dispatch(algo, backend, compute, args, [view for _, view, _ in outs])
+    return tuple(out if buffer is None else rows.deliver(buffer, out) for out, _, buffer in outs)
+
+
+def run(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, rows: inputs.Rows, given):
+    """Run the fused kernel of ``algo`` (``args``: ``algo.Args`` of ``[R, T]`` views) on
+    ``backend``, accumulating in ``compute``; a tuple of outputs in the caller's layout, written
+    into ``given`` where those are tensors."""
+    if torch.compiler.is_compiling():
+        tensors, numbers = _encode(args)
+        results = fused(algo.name, backend, compute, tensors, numbers, rows.ref, rows.tdim)
+        return tuple(r if o is None else o.copy_(r) for r, o in zip(results, given))
+    return _run(algo, backend, compute, args, rows, given)
+
+
+def _encode(args) -> tuple[list, list]:
+    """Kernel arguments as an op schema can carry them: a tensor list and a number list
+    (NaN marks an absent input)."""
+    tensors, numbers = [], []
+    for x in args:
+        is_tensor = isinstance(x, torch.Tensor)
+        tensors.append(x if is_tensor else None)
+        numbers.append(0.0 if is_tensor else math.nan if x is None else float(x))
+    return tensors, numbers
+
+
+def _decode(algo: spec.Algorithm, tensors, numbers):
+    args = []
+    for kind, x, n in zip(algo.kinds, tensors, numbers):
+        if x is not None:
+            args.append(x)
+        elif math.isnan(n):
+            args.append(None)
+        else:
+            args.append(int(n) if kind == "i" else bool(n) if kind == "b" else n)
+    return algo.Args(*args)
+
+
+@torch.library.custom_op("rl_triton::fused", mutates_args=())
+def fused(name: str, backend: str, compute: torch.dtype, tensors: list[torch.Tensor | None], numbers: list[float],
+          like: torch.Tensor, time_dim: int) -> list[torch.Tensor]:
+    """Run fused kernel ``name``; outputs are laid out like ``like`` (time at ``time_dim``)."""
+    algo = spec.ALGORITHMS[name]
+    rows = inputs.Rows(like, "like", time_dim, like.dtype)
+    return list(_run(algo, backend, compute, _decode(algo, tensors, numbers), rows, [None] * len(algo.outputs)))
+
+
+@fused.register_fake
+def _(name, backend, compute, tensors, numbers, like, time_dim):
+    return [torch.empty_like(like) for _ in spec.ALGORITHMS[name].outputs]
+
+
+def _scan_torch(alpha, beta, carry, reverse):
+    y = torch.empty_like(alpha)
+    acc = carry
+    steps = range(alpha.shape[1] - 1, -1, -1) if reverse else range(alpha.shape[1])
+    for t in steps:
+        acc = torch.addcmul(alpha[:, t], beta[:, t], acc)
+        y[:, t] = acc
+    return y
+
+
+def _scan_rows(alpha, beta, carry, reverse: bool, backend: str):
+    if backend == "torch":
+        return _scan_torch(alpha, beta, carry, reverse)
+    y = torch.empty(alpha.shape, dtype=alpha.dtype, device=alpha.device)
+    _dispatch(spec.AFFINE_SCAN, backend, alpha.dtype, spec.AFFINE_SCAN.bind(alpha=alpha, beta=beta, carry=carry,
+                                                                              reverse=bool(reverse)), [y])
+    return y
+
+
+@torch.library.custom_op("rl_triton::affine_scan_rows", mutates_args=())
+def affine_scan_rows(alpha: torch.Tensor, beta: torch.Tensor, carry: torch.Tensor, reverse: bool,
+                     backend: str) -> torch.Tensor:
+    """The affine scan of ``[R, T]`` rows inside a torch.compile trace."""
+    return _scan_rows(alpha, beta, carry, reverse, backend)
+
+
+@affine_scan_rows.register_fake
+def _(alpha, beta, carry, reverse, backend):
+    return torch.empty(alpha.shape, dtype=alpha.dtype, device=alpha.device)
+
+
+def scan_rows(alpha, beta, carry, reverse: bool, backend: str):
+    """y of the affine scan of ``[R, T]`` float tensors ``alpha``, ``beta`` from ``carry`` ``[R]``
+    (no autograd; rl_triton/core/scan.py adds it)."""
+    if torch.compiler.is_compiling():
+        return affine_scan_rows(alpha, beta, carry, reverse, backend)
+    return _scan_rows(alpha, beta, carry, reverse, backend)

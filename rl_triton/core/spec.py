@@ -1,0 +1,133 @@
+"""One declaration per fused algorithm: its named arguments with their kinds, its outputs and its
+scan direction. Every backend reads the arguments by these names.
+
+Argument kinds:
+
+- ``f1`` / ``f2`` / ``f3``: float tensors ``[R]`` / ``[R, T]`` / ``[R, T, A]``, None when absent;
+  ``f2`` coefficients may also be plain numbers;
+- ``u1`` / ``u2``: flag tensors ``[R]`` / ``[R, T]`` of any dtype, true where nonzero, None when
+  absent;
+- ``s``: a float number; ``b``: a bool;
+- ``i``: a mode integer for the numba kernels, derived from which inputs are present
+  (:meth:`Algorithm.bind` fills it; Triton reads the same from which inputs are None).
+
+An argument named ``carry`` is the value beyond the window edge, where the scan starts (0 when
+an algorithm has none). The outputs are ``[R, T]`` float tensors.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from typing import NamedTuple
+
+
+class Arg(NamedTuple):
+    name: str
+    kind: str
+
+
+# the episode flags every estimator takes: transition-aligned (terminated / done / truncated), or
+# observation-aligned, the ``done`` slot holding episode starts and ``last_done`` the step after
+# the window (docs/semantics.md, sections 2 and 4)
+FLAGS = (Arg("terminated", "u2"), Arg("done", "u2"), Arg("truncated", "u2"), Arg("last_done", "u1"))
+
+# how next values are read: explicit array, or values[t+1] with the bootstrap value at t = T-1
+NV_EXPLICIT, NV_IMPLIED = 0, 1
+# how done is read: the done array; terminated | truncated; or observation-aligned (done[t] =
+# episode_starts[t+1], last_done at t = T-1, every done a termination)
+DONE_ARRAY, DONE_TERM_OR_TRUNC, DONE_OBS_ALIGNED = 0, 1, 2
+# how Retrace's expected next value is read: given, or summed over next_pi * next_q
+EV_GIVEN, EV_PAIRS = 0, 1
+
+
+def _modes(kw: dict) -> dict:
+    """The mode integers implied by which inputs are present."""
+    if kw.get("last_done") is not None:
+        done_mode = DONE_OBS_ALIGNED
+    elif kw.get("done") is not None:
+        done_mode = DONE_ARRAY
+    else:
+        done_mode = DONE_TERM_OR_TRUNC
+    return {
+        "nv_mode": NV_EXPLICIT if kw.get("next_values") is not None else NV_IMPLIED,
+        "done_mode": done_mode,
+        "ev_mode": EV_GIVEN if kw.get("next_expected_q") is not None else EV_PAIRS,
+    }
+
+
+class Algorithm:
+    """A fused algorithm: ``args`` in kernel order, ``outputs``, and ``reverse`` (the scan runs
+    backwards in time; None: the ``reverse`` argument says). ``need_prev``: the Triton epilogue
+    reads y one step earlier in scan order."""
+
+    def __init__(self, name: str, args, outputs, *, reverse, need_prev: bool = False):
+        self.name = name
+        self.args = tuple(args)
+        self.names = tuple(a.name for a in self.args)
+        self.kinds = tuple(a.kind for a in self.args)
+        self.outputs = tuple(outputs)
+        self.reverse = reverse
+        self.need_prev = need_prev
+        self.Args = namedtuple(f"{name}_args", self.names, defaults=(None,) * len(self.names))
+        self.Outs = namedtuple(f"{name}_outs", self.outputs)
+        self.modes = tuple(n for n, k in zip(self.names, self.kinds) if k == "i")
+        # float tensors read per step (the launch plan counts those present)
+        self.streams = tuple(i for i, k in enumerate(self.kinds) if k in ("f2", "f3"))
+        self.has_carry = "carry" in self.names
+
+    def bind(self, **kw):
+        """The arguments by name (absent ones None), the mode integers filled in."""
+        if self.modes:
+            modes = _modes(kw)
+            kw.update((m, modes[m]) for m in self.modes)
+        return self.Args(**kw)
+
+    def __repr__(self):
+        return f"Algorithm({self.name!r})"
+
+
+def _f2(*names):
+    return tuple(Arg(n, "f2") for n in names)
+
+
+GAE = Algorithm(
+    "gae",
+    (*_f2("rewards", "values", "next_values"), Arg("bootstrap_value", "f1"), *FLAGS, *_f2("gamma", "lmbda"),
+     Arg("nv_mode", "i"), Arg("done_mode", "i")),
+    ("advantages", "value_targets"), reverse=True)
+
+TD_LAMBDA_RETURN = Algorithm(
+    "td_lambda_return",
+    (*_f2("rewards", "next_values"), Arg("carry", "f1"), *FLAGS, *_f2("gamma", "lmbda"), Arg("done_mode", "i")),
+    ("returns",), reverse=True)
+
+DISCOUNTED_RETURN = Algorithm(
+    "discounted_return",
+    (*_f2("rewards", "next_values"), Arg("carry", "f1"), *FLAGS, *_f2("gamma"), Arg("done_mode", "i")),
+    ("returns",), reverse=True)
+
+VTRACE = Algorithm(
+    "vtrace",
+    (*_f2("rewards", "values", "next_values"), Arg("bootstrap_value", "f1"), *_f2("log_pi", "log_mu"), *FLAGS,
+     *_f2("gamma", "lmbda"), Arg("rho_bar", "s"), Arg("c_bar", "s"), Arg("rho_bar_pg", "s"), Arg("nv_mode", "i"),
+     Arg("done_mode", "i")),
+    ("vs", "pg_advantages"), reverse=True, need_prev=True)
+
+RETRACE = Algorithm(
+    "retrace",
+    (*_f2("rewards", "q_values", "log_pi", "log_mu", "next_expected_q"), Arg("next_pi", "f3"), Arg("next_q", "f3"),
+     *FLAGS, *_f2("gamma", "lmbda"), Arg("c_bar", "s"), Arg("ev_mode", "i"), Arg("done_mode", "i")),
+    ("q_targets",), reverse=True)
+
+ELIGIBILITY_TRACE = Algorithm(
+    "eligibility_trace",
+    (*_f2("x"), Arg("done", "u2"), *_f2("gamma", "lmbda"), Arg("carry", "f1")),
+    ("traces",), reverse=False)
+
+AFFINE_SCAN = Algorithm(
+    "affine_scan",
+    (*_f2("alpha", "beta"), Arg("carry", "f1"), Arg("reverse", "b")),
+    ("y",), reverse=None)
+
+ALGORITHMS = {a.name: a for a in (GAE, TD_LAMBDA_RETURN, DISCOUNTED_RETURN, VTRACE, RETRACE, ELIGIBILITY_TRACE,
+                                  AFFINE_SCAN)}
