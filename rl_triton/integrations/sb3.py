@@ -34,9 +34,10 @@ from .. import gae
 __all__ = ["FastDictRolloutBuffer", "FastRolloutBuffer", "is_patched", "patch", "patched", "unpatch"]
 
 _ORIGINAL = _buffers.RolloutBuffer.__dict__["compute_returns_and_advantage"]
-_settings = {"device": "cpu", "gpu_min_elements": 1 << 16}  # crossover measured on an H200 host, docs/sb3.md
-# SB3's loop costs ~4 us per step, the fused call ~55 us whatever the size (CPU machine,
-# docs/sb3.md): rollouts this short (A2C's default is 5 steps) keep SB3's own loop on the CPU
+# the GPU pays from this many elements on (re-tune: python benchmarks/sb3_crossover.py)
+_settings = {"device": "cpu", "gpu_min_elements": 1 << 16}
+# rollouts this short (A2C's default is 5 steps) keep SB3's own loop on the CPU, where it costs
+# less than one fused call (docs/sb3.md)
 LOOP_MAX_STEPS = 12
 
 
