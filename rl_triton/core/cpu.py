@@ -252,11 +252,9 @@ def affine_scan(alpha, beta, carry, reverse, y):
             y[i, t] = acc
 
 
-# name -> kernel; GAE's variants for time-major memory and for SB3's and CleanRL's call follow in run()
-KERNELS = {
-    "gae": gae, "td_lambda_return": td_lambda_return, "discounted_return": discounted_return, "vtrace": vtrace,
-    "retrace": retrace, "eligibility_trace": eligibility_trace, "affine_scan": affine_scan,
-}
+# each algorithm's kernel is the function of its name; GAE's variants for time-major memory and
+# for SB3's and CleanRL's call are chosen in run()
+KERNELS = {name: globals()[name] for name in spec.ALGORITHMS}
 _EPISODE_STARTS_KINDS = ("f2", "f2", "u2", "f1", "u1", "s", "s")
 
 _compiled: dict = {}

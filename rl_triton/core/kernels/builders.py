@@ -1,8 +1,9 @@
 """Per-algorithm coefficient builders and epilogues for the scan engine.
 
-Each algorithm of ``rl_triton/core/spec.py`` has a BUILD and a STORE function here (the engine's
-docstring gives their signatures); ``ins`` and ``outs`` are named tuples with the spec's argument
-and output names. The arithmetic is the shared definitions of ``rl_triton/core/coefficients.py``.
+Each algorithm of ``rl_triton/core/spec.py`` has a BUILD function here, ``<name>_build``, and an
+epilogue, ``<name>_store``, where storing y itself is not enough (the engine's docstring gives
+their signatures); ``ins`` and ``outs`` are named tuples with the spec's argument and output
+names. The arithmetic is the shared definitions of ``rl_triton/core/coefficients.py``.
 Absent inputs arrive as None, so each mode of an algorithm compiles to its own kernel.
 """
 
@@ -199,16 +200,7 @@ def affine_scan_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     return load(ins.alpha, rows, t, mask, ACC), load(ins.beta, rows, t, mask, ACC), 0
 
 
-# name: (BUILD, STORE); INIT follows from the spec (a carry argument, or zero)
-_PARTS = {
-    "gae": (gae_build, gae_store),
-    "td_lambda_return": (td_lambda_return_build, store_y),
-    "discounted_return": (discounted_return_build, store_y),
-    "vtrace": (vtrace_build, vtrace_store),
-    "retrace": (retrace_build, retrace_store),
-    "eligibility_trace": (eligibility_trace_build, store_y),
-    "affine_scan": (affine_scan_build, store_y),
-}
-# name: (BUILD, INIT, STORE)
-PARTS = {name: (build, carry_init if spec.ALGORITHMS[name].has_carry else zero_init, store_)
-         for name, (build, store_) in _PARTS.items()}
+# name: (BUILD, INIT, STORE): ``<name>_build``, the carry argument or zero, ``<name>_store`` or y itself
+PARTS = {name: (globals()[f"{name}_build"], carry_init if algo.has_carry else zero_init,
+                globals().get(f"{name}_store", store_y))
+         for name, algo in spec.ALGORITHMS.items()}
