@@ -370,7 +370,7 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
     return c.results([scan.scan(alpha, beta, c.f_row(None), True, c.backend) + q])
 
 
-def _forward_trace(x, done, decay, initial, time_dim, backend, out):
+def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
     """e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1], e[-1] = initial (done[-1] = 0); decay = [g, l]."""
     c = _Call(x, "x", time_dim)
     c.flags(None, None, done, align=True)
@@ -394,9 +394,9 @@ def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time
     e[t] = x[t] + gamma*lmbda*(1-done[t-1])*e[t-1], e[-1] = initial (default 0).
     ``x`` may have trailing feature dims after the time dim; ``done`` broadcasts over them.
     """
-    return _forward_trace(x, done, [("gamma", gamma), ("lmbda", lmbda)], initial, time_dim, backend, out)
+    return _eligibility_trace(x, done, [("gamma", gamma), ("lmbda", lmbda)], initial, time_dim, backend, out)
 
 
 def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None, out=None):
     """Running sum within episodes, forward in time: c[t] = x[t] + (1-done[t-1])*c[t-1], c[-1] = initial."""
-    return _forward_trace(x, done, [("gamma", 1.0), ("lmbda", 1.0)], initial, time_dim, backend, out)
+    return _eligibility_trace(x, done, [("gamma", 1.0), ("lmbda", 1.0)], initial, time_dim, backend, out)
