@@ -227,7 +227,7 @@ def retrace(rewards, q_values, log_pi, log_mu, next_expected_q, next_pi, next_q,
             c_next = lmbda[i, t] * min(c_bar, np.exp(log_pi[i, t] * 1.0 - log_mu[i, t]))
 
 
-def eligibility_trace(x, done, gamma, lmbda, carry, traces):
+def eligibility_trace(x, done, carry, gamma, lmbda, traces):
     """e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1], e[-1] = carry."""
     R, T = x.shape
     for i in prange(R):

@@ -12,7 +12,8 @@ Argument kinds:
   (:meth:`Algorithm.bind` fills it; Triton reads the same from which inputs are None).
 
 An argument named ``carry`` is the value beyond the window edge, where the scan starts (0 when
-an algorithm has none). The outputs are ``[R, T]`` float tensors.
+an algorithm has none); it is always the third argument (``CARRY``), so one Triton INIT loads it
+for every algorithm. The outputs are ``[R, T]`` float tensors.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class Arg(NamedTuple):
 # observation-aligned, the ``done`` slot holding episode starts and ``last_done`` the step after
 # the window (docs/semantics.md, sections 2 and 4)
 FLAGS = (Arg("terminated", "u2"), Arg("done", "u2"), Arg("truncated", "u2"), Arg("last_done", "u1"))
+
+CARRY = 2  # the position of the carry argument
 
 # how next values are read: explicit array, or values[t+1] with the bootstrap value at t = T-1
 NV_EXPLICIT, NV_IMPLIED = 0, 1
@@ -69,11 +72,20 @@ class Algorithm:
         self.reverse = reverse
         self.need_prev = need_prev
         self.Args = namedtuple(f"{name}_args", self.names, defaults=(None,) * len(self.names))
-        self.Outs = namedtuple(f"{name}_outs", self.outputs)
+        # the position of each argument in the arguments and of each output in the outputs, by
+        # name (Triton kernels index their argument tuples with these)
+        self.at = namedtuple(f"{name}_at", self.names + self.outputs)(*range(len(self.names)),
+                                                                       *range(len(self.outputs)))
         self.modes = tuple(n for n, k in zip(self.names, self.kinds) if k == "i")
         # float tensors read per step (the launch plan counts those present)
         self.streams = tuple(i for i, k in enumerate(self.kinds) if k in ("f2", "f3"))
         self.has_carry = "carry" in self.names
+        if self.has_carry and self.names.index("carry") != CARRY:
+            raise ValueError(f"{name}: the carry argument must stand at position {CARRY}")
+        if "terminated" in self.names:
+            first = self.names.index("terminated")
+            if self.args[first:first + len(FLAGS)] != FLAGS:
+                raise ValueError(f"{name}: the flags must stand together in the order of FLAGS")
 
     def bind(self, **kw):
         """The arguments by name (absent ones None), the mode integers filled in."""
@@ -121,7 +133,7 @@ RETRACE = Algorithm(
 
 ELIGIBILITY_TRACE = Algorithm(
     "eligibility_trace",
-    (*_f2("x"), Arg("done", "u2"), *_f2("gamma", "lmbda"), Arg("carry", "f1")),
+    (*_f2("x"), Arg("done", "u2"), Arg("carry", "f1"), *_f2("gamma", "lmbda")),
     ("traces",), reverse=False)
 
 AFFINE_SCAN = Algorithm(

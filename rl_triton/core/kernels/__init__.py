@@ -251,7 +251,7 @@ def run(algo: spec.Algorithm, args, outs) -> None:
     n = len(args)
     packed, direct, keys, wide = _pack(algo.kinds + ("f2",) * len(outs), (*args, *outs), R, T, acc64, device,
                                        config.block_r, config.block_t + 1)
-    args = (algo.Args(*packed[:n]), algo.Outs(*packed[n:]))
+    args = (tuple(packed[:n]), tuple(packed[n:]))
     direct = (tuple(direct[:n]), tuple(direct[n:]))
     runtime = (R, T, config.seg_chunks, config.n_seg)
     idx = tl.int64 if wide else tl.int32

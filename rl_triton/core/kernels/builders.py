@@ -2,9 +2,10 @@
 
 Each algorithm of ``rl_triton/core/spec.py`` has a BUILD function here, ``<name>_build``, and an
 epilogue, ``<name>_store``, where storing y itself is not enough (the engine's docstring gives
-their signatures); ``ins`` and ``outs`` are named tuples with the spec's argument and output
-names. The arithmetic is the shared definitions of ``rl_triton/core/coefficients.py``.
-Absent inputs arrive as None, so each mode of an algorithm compiles to its own kernel.
+their signatures). ``ins`` and ``outs`` are tuples in the spec's order, read by name through the
+spec's positions: ``ins[GAE.values]``. The arithmetic is the shared definitions of
+``rl_triton/core/coefficients.py``. Absent inputs arrive as None, so each mode of an algorithm
+compiles to its own kernel.
 """
 
 import types
@@ -15,6 +16,25 @@ import triton.language as tl
 from .. import coefficients as C
 from .. import spec
 from .engine import coef, load, load_flag, load_row, store
+
+
+def _positions(algo: spec.Algorithm):
+    """The position of each argument in ``ins`` and of each output in ``outs``, as attributes of
+    a module object: jit code may read module globals (triton 3.6 drops the field names of
+    named-tuple kernel arguments, and rejects other objects as globals)."""
+    positions = types.ModuleType(f"{algo.name}_positions")
+    positions.__dict__.update(algo.at._asdict())
+    return positions
+
+
+GAE = _positions(spec.GAE)
+TD_LAMBDA_RETURN = _positions(spec.TD_LAMBDA_RETURN)
+DISCOUNTED_RETURN = _positions(spec.DISCOUNTED_RETURN)
+VTRACE = _positions(spec.VTRACE)
+RETRACE = _positions(spec.RETRACE)
+ELIGIBILITY_TRACE = _positions(spec.ELIGIBILITY_TRACE)
+AFFINE_SCAN = _positions(spec.AFFINE_SCAN)
+CARRY = tl.constexpr(spec.CARRY)  # the carry argument, where an algorithm has one
 
 
 def _jit_shared(fn):
@@ -37,43 +57,46 @@ def _not(flag, ACC: tl.constexpr):
 
 
 @triton.jit
-def _flags(ins, rows, t, mask, T, ACC: tl.constexpr):
-    """(1 - terminated, 1 - done) from the flag group of spec.FLAGS: done = the done array, else
-    terminated | truncated; with last_done, observation-aligned: done[t] = episode_starts[t+1]
-    (the ``done`` slot), last_done at t = T-1, every done a termination. A done array without
-    terminated: every done is a termination (the launcher drops terminated when it is the done
-    tensor itself)."""
-    if ins.last_done is not None:
+def _flags(ins, FLAGS: tl.constexpr, rows, t, mask, T, ACC: tl.constexpr):
+    """(1 - terminated, 1 - done) from the flag group spec.FLAGS, which starts at position FLAGS
+    of ``ins``: done = the done array, else terminated | truncated; with last_done,
+    observation-aligned: done[t] = episode_starts[t+1] (the ``done`` slot), last_done at t = T-1,
+    every done a termination. A done array without terminated: every done is a termination (the
+    launcher drops terminated when it is the done tensor itself)."""
+    terminated = ins[FLAGS]
+    done = ins[FLAGS + 1]
+    truncated = ins[FLAGS + 2]
+    last_done = ins[FLAGS + 3]
+    if last_done is not None:
         is_last = (t == T - 1)[None, :]
-        following = load_flag(ins.done, rows, t + 1, mask & ~is_last)
-        last = ins.last_done
-        edge = tl.load(last[0] + rows[:, None] * last[1] + 0 * t[None, :], mask=mask & is_last, other=0)
+        following = load_flag(done, rows, t + 1, mask & ~is_last)
+        edge = tl.load(last_done[0] + rows[:, None] * last_done[1] + 0 * t[None, :], mask=mask & is_last, other=0)
         d = tl.where(is_last, edge != 0, following)
         k = d
-    elif ins.done is not None:
-        d = load_flag(ins.done, rows, t, mask)
-        if ins.terminated is None:
+    elif done is not None:
+        d = load_flag(done, rows, t, mask)
+        if terminated is None:
             k = d
         else:
-            k = load_flag(ins.terminated, rows, t, mask)
+            k = load_flag(terminated, rows, t, mask)
     else:
-        k = load_flag(ins.terminated, rows, t, mask)
-        d = k | load_flag(ins.truncated, rows, t, mask)
+        k = load_flag(terminated, rows, t, mask)
+        d = k | load_flag(truncated, rows, t, mask)
     return _not(k, ACC), _not(d, ACC)
 
 
 @triton.jit
-def _next_value(ins, rows, t, mask, T, ACC: tl.constexpr):
+def _next_value(next_values, values, bootstrap_value, rows, t, mask, T, ACC: tl.constexpr):
     """V(s_{t+1}): explicit next values, or values[t+1] with the bootstrap value at t = T-1."""
-    if ins.next_values is not None:
-        return load(ins.next_values, rows, t, mask, ACC)
+    if next_values is not None:
+        return load(next_values, rows, t, mask, ACC)
     else:
         last = (t == T - 1)[None, :]
-        inner = load(ins.values, rows, t + 1, mask & ~last, ACC)
-        if ins.bootstrap_value is None:
+        inner = load(values, rows, t + 1, mask & ~last, ACC)
+        if bootstrap_value is None:
             return inner
         else:
-            boot = ins.bootstrap_value
+            boot = bootstrap_value
             edge = tl.load(boot[0] + rows[:, None] * boot[1] + 0 * t[None, :], mask=mask & last, other=0.0)
             return tl.where(last, edge.to(ACC), inner)
 
@@ -85,7 +108,7 @@ def zero_init(ins, rows, rmask, T, ACC: tl.constexpr):
 
 @triton.jit
 def carry_init(ins, rows, rmask, T, ACC: tl.constexpr):
-    return load_row(ins.carry, rows, rmask, ACC)
+    return load_row(ins[CARRY], rows, rmask, ACC)
 
 
 @triton.jit
@@ -95,77 +118,79 @@ def store_y(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
 
 @triton.jit
 def gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
-    v = load(ins.values, rows, t, mask, ACC)
-    nv = _next_value(ins, rows, t, mask, T, ACC)
-    nterm, ndone = _flags(ins, rows, t, mask, T, ACC)
-    g = coef(ins.gamma, rows, t, mask, ACC)
-    l = coef(ins.lmbda, rows, t, mask, ACC)
-    alpha, beta = _gae(load(ins.rewards, rows, t, mask, ACC), v, nv, nterm, ndone, g, l)
+    v = load(ins[GAE.values], rows, t, mask, ACC)
+    nv = _next_value(ins[GAE.next_values], ins[GAE.values], ins[GAE.bootstrap_value], rows, t, mask, T, ACC)
+    nterm, ndone = _flags(ins, GAE.terminated, rows, t, mask, T, ACC)
+    g = coef(ins[GAE.gamma], rows, t, mask, ACC)
+    l = coef(ins[GAE.lmbda], rows, t, mask, ACC)
+    alpha, beta = _gae(load(ins[GAE.rewards], rows, t, mask, ACC), v, nv, nterm, ndone, g, l)
     return alpha, beta, v
 
 
 @triton.jit
 def gae_store(ins, outs, rows, t, mask, y, y_prev, v, T, ACC: tl.constexpr):
-    store(outs.advantages, rows, t, mask, y)
-    store(outs.value_targets, rows, t, mask, y + v)
+    store(outs[GAE.advantages], rows, t, mask, y)
+    store(outs[GAE.value_targets], rows, t, mask, y + v)
 
 
 @triton.jit
 def td_lambda_return_build(ins, rows, t, mask, T, ACC: tl.constexpr):
-    nterm, ndone = _flags(ins, rows, t, mask, T, ACC)
-    alpha, beta = _td_lambda_return(load(ins.rewards, rows, t, mask, ACC), load(ins.next_values, rows, t, mask, ACC),
-                                    nterm, ndone, coef(ins.gamma, rows, t, mask, ACC),
-                                    coef(ins.lmbda, rows, t, mask, ACC))
+    nterm, ndone = _flags(ins, TD_LAMBDA_RETURN.terminated, rows, t, mask, T, ACC)
+    r = load(ins[TD_LAMBDA_RETURN.rewards], rows, t, mask, ACC)
+    nv = load(ins[TD_LAMBDA_RETURN.next_values], rows, t, mask, ACC)
+    g = coef(ins[TD_LAMBDA_RETURN.gamma], rows, t, mask, ACC)
+    alpha, beta = _td_lambda_return(r, nv, nterm, ndone, g, coef(ins[TD_LAMBDA_RETURN.lmbda], rows, t, mask, ACC))
     return alpha, beta, 0
 
 
 @triton.jit
 def discounted_return_build(ins, rows, t, mask, T, ACC: tl.constexpr):
-    nterm, ndone = _flags(ins, rows, t, mask, T, ACC)
-    alpha, beta = _discounted_return(load(ins.rewards, rows, t, mask, ACC), load(ins.next_values, rows, t, mask, ACC),
-                                     nterm, ndone, coef(ins.gamma, rows, t, mask, ACC))
+    nterm, ndone = _flags(ins, DISCOUNTED_RETURN.terminated, rows, t, mask, T, ACC)
+    r = load(ins[DISCOUNTED_RETURN.rewards], rows, t, mask, ACC)
+    nv = load(ins[DISCOUNTED_RETURN.next_values], rows, t, mask, ACC)
+    alpha, beta = _discounted_return(r, nv, nterm, ndone, coef(ins[DISCOUNTED_RETURN.gamma], rows, t, mask, ACC))
     return alpha, beta, 0
 
 
 @triton.jit
 def vtrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
-    r = load(ins.rewards, rows, t, mask, ACC)
-    v = load(ins.values, rows, t, mask, ACC)
-    nv = _next_value(ins, rows, t, mask, T, ACC)
-    nterm, ndone = _flags(ins, rows, t, mask, T, ACC)
-    g = coef(ins.gamma, rows, t, mask, ACC)
-    ratio = tl.exp(load(ins.log_pi, rows, t, mask, ACC) - load(ins.log_mu, rows, t, mask, ACC))
-    rho = tl.minimum(ratio, ins.rho_bar)
-    c = coef(ins.lmbda, rows, t, mask, ACC) * tl.minimum(ratio, ins.c_bar)
+    r = load(ins[VTRACE.rewards], rows, t, mask, ACC)
+    v = load(ins[VTRACE.values], rows, t, mask, ACC)
+    nv = _next_value(ins[VTRACE.next_values], ins[VTRACE.values], ins[VTRACE.bootstrap_value], rows, t, mask, T, ACC)
+    nterm, ndone = _flags(ins, VTRACE.terminated, rows, t, mask, T, ACC)
+    g = coef(ins[VTRACE.gamma], rows, t, mask, ACC)
+    ratio = tl.exp(load(ins[VTRACE.log_pi], rows, t, mask, ACC) - load(ins[VTRACE.log_mu], rows, t, mask, ACC))
+    rho = tl.minimum(ratio, ins[VTRACE.rho_bar])
+    c = coef(ins[VTRACE.lmbda], rows, t, mask, ACC) * tl.minimum(ratio, ins[VTRACE.c_bar])
     alpha, beta = _vtrace(r, v, nv, nterm, ndone, g, rho, c)
-    return alpha, beta, (r, v, nv, nterm, ndone, g, tl.minimum(ratio, ins.rho_bar_pg))
+    return alpha, beta, (r, v, nv, nterm, ndone, g, tl.minimum(ratio, ins[VTRACE.rho_bar_pg]))
 
 
 @triton.jit
 def vtrace_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
     r, v, nv, nterm, ndone, g, rho_pg = ctx
-    store(outs.vs, rows, t, mask, y + v)
+    store(outs[VTRACE.vs], rows, t, mask, y + v)
     # vs[t+1] = (vs - v)[t+1] + v[t+1], or V(s_{t+1}) where done or at the window end
     cut = (ndone == 0) | (t == T - 1)[None, :]
-    vs_next = tl.where(cut, nv, y_prev + load(ins.values, rows, t + 1, mask & ~cut, ACC))
-    store(outs.pg_advantages, rows, t, mask, _vtrace_pg(r, v, vs_next, nterm, g, rho_pg))
+    vs_next = tl.where(cut, nv, y_prev + load(ins[VTRACE.values], rows, t + 1, mask & ~cut, ACC))
+    store(outs[VTRACE.pg_advantages], rows, t, mask, _vtrace_pg(r, v, vs_next, nterm, g, rho_pg))
 
 
 @triton.jit
 def _trace_coef(ins, rows, t, mask, ACC: tl.constexpr):
-    ratio = tl.exp(load(ins.log_pi, rows, t, mask, ACC) - load(ins.log_mu, rows, t, mask, ACC))
-    return coef(ins.lmbda, rows, t, mask, ACC) * tl.minimum(ratio, ins.c_bar)
+    ratio = tl.exp(load(ins[RETRACE.log_pi], rows, t, mask, ACC) - load(ins[RETRACE.log_mu], rows, t, mask, ACC))
+    return coef(ins[RETRACE.lmbda], rows, t, mask, ACC) * tl.minimum(ratio, ins[RETRACE.c_bar])
 
 
 @triton.jit
 def retrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
-    q = load(ins.q_values, rows, t, mask, ACC)
-    if ins.next_expected_q is not None:
-        ev = load(ins.next_expected_q, rows, t, mask, ACC)
+    q = load(ins[RETRACE.q_values], rows, t, mask, ACC)
+    if ins[RETRACE.next_expected_q] is not None:
+        ev = load(ins[RETRACE.next_expected_q], rows, t, mask, ACC)
     else:
         # next_pi and next_q arrive as (tensor, row stride, time stride, action stride, A)
-        pi = ins.next_pi
-        nq = ins.next_q
+        pi = ins[RETRACE.next_pi]
+        nq = ins[RETRACE.next_q]
         ev = tl.zeros((rows.shape[0], t.shape[0]), ACC)
         base = rows[:, None] * pi[1] + t[None, :] * pi[2]
         base_q = rows[:, None] * nq[1] + t[None, :] * nq[2]
@@ -173,31 +198,32 @@ def retrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
             action = rows[:, None] * 0 + a  # in the index type of rows
             p = tl.load(pi[0] + base + action * pi[3], mask=mask, other=0.0).to(ACC)
             ev += p * tl.load(nq[0] + base_q + action * nq[3], mask=mask, other=0.0).to(ACC)
-    nterm, ndone = _flags(ins, rows, t, mask, T, ACC)
+    nterm, ndone = _flags(ins, RETRACE.terminated, rows, t, mask, T, ACC)
     nxt = mask & (t + 1 < T)[None, :]
     c_next = tl.where(nxt, _trace_coef(ins, rows, t + 1, nxt, ACC), 0.0)
-    alpha, beta = _retrace(load(ins.rewards, rows, t, mask, ACC), q, ev, nterm, ndone,
-                           coef(ins.gamma, rows, t, mask, ACC), c_next)
+    alpha, beta = _retrace(load(ins[RETRACE.rewards], rows, t, mask, ACC), q, ev, nterm, ndone,
+                           coef(ins[RETRACE.gamma], rows, t, mask, ACC), c_next)
     return alpha, beta, q
 
 
 @triton.jit
 def retrace_store(ins, outs, rows, t, mask, y, y_prev, q, T, ACC: tl.constexpr):
-    store(outs.q_targets, rows, t, mask, y + q)
+    store(outs[RETRACE.q_targets], rows, t, mask, y + q)
 
 
 @triton.jit
 def eligibility_trace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     # e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1]
-    prev_done = load_flag(ins.done, rows, t - 1, mask & (t >= 1)[None, :])
-    decay = coef(ins.gamma, rows, t, mask, ACC) * coef(ins.lmbda, rows, t, mask, ACC)
+    prev_done = load_flag(ins[ELIGIBILITY_TRACE.done], rows, t - 1, mask & (t >= 1)[None, :])
+    decay = coef(ins[ELIGIBILITY_TRACE.gamma], rows, t, mask, ACC) * coef(ins[ELIGIBILITY_TRACE.lmbda], rows, t, mask,
+                                                                          ACC)
     beta = decay * _not(prev_done, ACC)
-    return load(ins.x, rows, t, mask, ACC), beta, 0
+    return load(ins[ELIGIBILITY_TRACE.x], rows, t, mask, ACC), beta, 0
 
 
 @triton.jit
 def affine_scan_build(ins, rows, t, mask, T, ACC: tl.constexpr):
-    return load(ins.alpha, rows, t, mask, ACC), load(ins.beta, rows, t, mask, ACC), 0
+    return load(ins[AFFINE_SCAN.alpha], rows, t, mask, ACC), load(ins[AFFINE_SCAN.beta], rows, t, mask, ACC), 0
 
 
 # name: (BUILD, INIT, STORE): ``<name>_build``, the carry argument or zero, ``<name>_store`` or y itself
