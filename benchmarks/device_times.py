@@ -1,7 +1,9 @@
 """Device time (CUDA-graph replay) and full call of rl_triton alone on a few cells: the quick A/B
 of engine changes. ``--root`` imports rl_triton from another checkout (say an older commit
 unpacked with ``git archive``), so two versions can be timed in alternating processes of one
-run and compared as ratios.
+run and compared as ratios. The problems and the oracle are this checkout's whichever rl_triton is
+timed (peers.py loads rl_triton/testing by its file path for another checkout's rl_triton, which
+may predate it), so both versions run the same calls.
 
     python benchmarks/device_times.py --algos gae,vtrace --shapes 16384x4096,32768x8 [--root DIR] [--json F]
     python benchmarks/device_times.py --compare OLD.json NEW.json [MORE.json ...]   # ratios
@@ -27,7 +29,7 @@ def main():
     if args.compare:
         return compare(args.compare)
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:0] = [here, os.path.join(here, ".."), os.path.join(here, "..", "tests")]
+    sys.path[:0] = [here, os.path.join(here, "..")]
     if args.root:
         sys.path.insert(0, os.path.abspath(args.root))
     import torch

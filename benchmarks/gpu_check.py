@@ -1,4 +1,4 @@
-"""Check the Triton backend against the float64 oracle (tests/oracle.py) at large shapes.
+"""Check the Triton backend against the float64 oracle (rl_triton.testing) at large shapes.
 
 Every algorithm, several dtypes, batch-major and time-major layouts, outputs poisoned with
 NaN before each call (so every element must be written); then torch.compile(fullgraph=True)
@@ -20,16 +20,29 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import oracle  # noqa: E402
+from rl_triton.testing import make, reference
 
 SHAPES = [(4096, 128), (16384, 512), (32768, 8), (64, 8192), (8, 32768), (1, 131072), (3, 1000003),
           (257, 999), (2048, 64, "time-major")]
 QUICK_SHAPES = [(5, 40), (3, 300), (2, 7, "time-major")]
-ALGOS = ["gae", "gae_done", "gae_gym", "gae_obs", "td_lambda", "discounted", "vtrace", "retrace", "retrace_pairs",
-         "eligibility", "cumsum", "scan_reverse", "scan_forward"]
+# case name -> (function, variant of rl_triton.testing.catalog)
+ALGOS = {
+    "gae": ("gae", "terminated+bootstrap"),
+    "gae_done": ("gae", "done+bootstrap"),  # TorchRL style: done alone, every done a termination
+    "gae_gym": ("gae", "gym with per-step gamma"),
+    "gae_obs": ("gae", "episode_starts"),  # observation-aligned flags, read in place
+    "td_lambda": ("td_lambda_return", "torchrl"),
+    "discounted": ("discounted_return", "gym"),
+    "vtrace": ("vtrace", "gym"),
+    "retrace": ("retrace", "expected"),
+    "retrace_pairs": ("retrace", "pairs"),
+    "eligibility": ("eligibility_trace", "done+initial"),
+    "cumsum": ("episodic_cumsum", "done+initial"),
+    "scan_reverse": ("affine_scan", "reverse"),
+    "scan_forward": ("affine_scan", "forward"),
+}
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float64: 1e-9}
-GAMMA, LMBDA = 0.99, 0.95
+GAMMA, LMBDA, TRACE_LMBDA = 0.99, 0.95, 0.9
 
 
 def cases(quick: bool, only=None):
@@ -53,123 +66,26 @@ def cases(quick: bool, only=None):
     return out
 
 
-def make_inputs(algo, R, T, dtype, seed):
-    """float64 numpy inputs, already rounded to ``dtype``, and the flags."""
-    rng = np.random.default_rng(seed)
-
-    def f(*shape, scale=1.0):
-        x = rng.standard_normal(shape) * scale
-        return torch.from_numpy(x).to(dtype).double().numpy()
-
-    term = rng.random((R, T)) < 0.02
-    trunc = (rng.random((R, T)) < 0.02) & ~term
-    d = dict(r=f(R, T), v=f(R, T), nv=f(R, T), lp=f(R, T, scale=0.3), lm=f(R, T, scale=0.3), boot=f(R),
-             term=term, trunc=trunc,
-             gt=torch.from_numpy(rng.uniform(0.9, 1.0, (R, T))).to(dtype).double().numpy())
-    if algo == "retrace_pairs":
-        logits = rng.standard_normal((R, T, 4))
-        pi = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-        d["pi"] = torch.from_numpy(pi).to(dtype).double().numpy()
-        d["nq"] = f(R, T, 4)
-    if algo.startswith("scan"):
-        d["beta"] = d["gt"] * (rng.random((R, T)) > 0.02)
-    return d
-
-
-def hyper(x, dtype):
-    """A float hyperparameter as the kernels apply it: float32 unless the inputs are float64
-    (as PyTorch applies Python scalars to float32 tensors)."""
-    return x if dtype == torch.float64 else float(np.float32(x))
+def problem(case, seed, device="cpu"):
+    """The case's problem; the same values on every device (2% terminations, 2% truncations)."""
+    algo, R, T, layout, dtype = case
+    fn, variant = ALGOS[algo]
+    shape, time_dim = ((T, R), 0) if layout == "time-major" else ((R, T), -1)
+    return make(fn, shape, variant, time_dim=time_dim, dtype=dtype, device=device, seed=seed, gamma=GAMMA,
+                lmbda=TRACE_LMBDA if fn == "eligibility_trace" else LMBDA)
 
 
 def expected(case, seed):
     """The oracle's outputs for one case (runs in a worker process)."""
-    algo, R, T, _, dtype = case
-    d = make_inputs(algo, R, T, dtype, seed)
-    g, l = np.full((R, T), hyper(GAMMA, dtype)), np.full((R, T), hyper(LMBDA, dtype))
-    term, trunc = d["term"], d["trunc"]
-    done = term | trunc
-    if algo == "gae":
-        return oracle.gae(d["r"], d["v"], oracle.implied_next_values(d["v"], d["boot"]), term, term, g, l)
-    if algo == "gae_done":  # TorchRL style: done alone, every done a termination
-        return oracle.gae(d["r"], d["v"], oracle.implied_next_values(d["v"], d["boot"]), done, done, g, l)
-    if algo == "gae_gym":
-        return oracle.gae(d["r"], d["v"], d["nv"], term, done, d["gt"], l)
-    if algo == "gae_obs":  # observation-aligned: episode starts = term shifted forward, last done = term[:, -1]
-        return oracle.gae(d["r"], d["v"], oracle.implied_next_values(d["v"], d["boot"]), term, term, g, l)
-    if algo == "td_lambda":
-        return (oracle.td_lambda_return(d["r"], d["nv"], term, done, g, l),)
-    if algo == "discounted":
-        return (oracle.discounted_return(d["r"], term, done, g, next_values=d["nv"], carry=d["nv"][:, -1]),)
-    if algo == "vtrace":
-        return oracle.vtrace(d["r"], d["v"], d["nv"], d["lp"], d["lm"], term, done, g, l, 1.0, 1.0, 1.0)
-    if algo == "retrace":
-        return (oracle.retrace(d["r"], d["v"], d["lp"], d["lm"], term, done, g, l, 1.0, next_expected_q=d["nv"]),)
-    if algo == "retrace_pairs":
-        return (oracle.retrace(d["r"], d["v"], d["lp"], d["lm"], term, done, g, l, 1.0,
-                               next_pi=d["pi"], next_q=d["nq"]),)
-    if algo == "eligibility":
-        return (oracle.eligibility_trace(d["r"], done, g, np.full((R, T), hyper(0.9, dtype)), initial=d["boot"]),)
-    if algo == "cumsum":
-        return (oracle.episodic_cumsum(d["r"], term, initial=d["boot"]),)
-    return (oracle.affine_scan(d["r"], d["beta"], reverse=algo == "scan_reverse", initial=d["boot"]),)
+    return problem(case, seed).expected()
 
 
 def actual(case, seed, device):
-    """The library's outputs on ``device`` (poisoned ``out=`` tensors), as float64 numpy [R, T]."""
-    import rl_triton as rt
-
-    algo, R, T, layout, dtype = case
-    d = make_inputs(algo, R, T, dtype, seed)
-    tm = layout == "time-major"
-
-    def t(x, dt=dtype):  # caller layout: [R, T] batch-major, or a contiguous [T, R]
-        x = torch.from_numpy(np.ascontiguousarray(x.T if tm else x))
-        return x.to(dt).to(device)
-
-    def row(x):
-        return torch.from_numpy(x).to(dtype).to(device)
-
-    kw = dict(time_dim=0 if tm else -1, backend="triton")
-    n_out = 2 if algo in ("gae", "gae_done", "gae_gym", "gae_obs", "vtrace") else 1
-    shape = (T, R) if tm else (R, T)
-    poison = [torch.full(shape, float("nan"), dtype=dtype, device=device) for _ in range(n_out)]
-    kw["out"] = tuple(poison) if n_out == 2 else poison[0]
-    term, trunc = t(d["term"], torch.bool), t(d["trunc"], torch.bool)
-    done_u8 = t(d["term"] | d["trunc"], torch.uint8)
-    r, v, nv = t(d["r"]), t(d["v"]), t(d["nv"])
-    if algo == "gae":
-        rt.gae(r, v, bootstrap_value=row(d["boot"]), terminated=term, gamma=GAMMA, lmbda=LMBDA, **kw)
-    elif algo == "gae_done":
-        rt.gae(r, v, bootstrap_value=row(d["boot"]), done=done_u8, gamma=GAMMA, lmbda=LMBDA, **kw)
-    elif algo == "gae_obs":
-        starts = np.concatenate([np.zeros((R, 1), bool), d["term"][:, :-1]], 1)
-        rt.gae(r, v, bootstrap_value=row(d["boot"]), episode_starts=t(starts.astype(np.float32), torch.float32),
-               last_done=torch.from_numpy(d["term"][:, -1]).to(device), gamma=GAMMA, lmbda=LMBDA, **kw)
-    elif algo == "gae_gym":
-        rt.gae(r, v, next_values=nv, terminated=term, truncated=trunc, gamma=t(d["gt"]), lmbda=LMBDA, **kw)
-    elif algo == "td_lambda":
-        rt.td_lambda_return(r, nv, done=done_u8, terminated=term, gamma=GAMMA, lmbda=LMBDA, **kw)
-    elif algo == "discounted":
-        rt.discounted_return(r, terminated=term, truncated=t(d["trunc"], torch.float32), next_values=nv,
-                             gamma=GAMMA, **kw)
-    elif algo == "vtrace":
-        rt.vtrace(r, v, t(d["lp"]), t(d["lm"]), next_values=nv, terminated=term, truncated=trunc, gamma=GAMMA,
-                  lmbda=LMBDA, **kw)
-    elif algo.startswith("retrace"):
-        extra = (dict(next_expected_q=nv) if algo == "retrace" else dict(
-            next_pi=torch.from_numpy(np.ascontiguousarray(d["pi"].transpose(1, 0, 2) if tm else d["pi"])).to(dtype).to(device),
-            next_q=torch.from_numpy(np.ascontiguousarray(d["nq"].transpose(1, 0, 2) if tm else d["nq"])).to(dtype).to(device)))
-        rt.retrace(r, v, t(d["lp"]), t(d["lm"]), terminated=term, truncated=trunc, gamma=GAMMA, lmbda=LMBDA,
-                   **extra, **kw)
-    elif algo == "eligibility":
-        rt.eligibility_trace(r, done=t(d["term"] | d["trunc"], torch.float32), gamma=GAMMA, lmbda=0.9,
-                             initial=row(d["boot"]), **kw)
-    elif algo == "cumsum":
-        rt.episodic_cumsum(r, done=term, initial=row(d["boot"]), **kw)
-    else:
-        rt.affine_scan(r, t(d["beta"]), reverse=algo == "scan_reverse", initial=row(d["boot"]), **kw)
-    return [(p.T if tm else p).double().cpu().numpy() for p in poison]
+    """The library's outputs on ``device`` (poisoned ``out=`` tensors), as float64 numpy."""
+    p = problem(case, seed, device)
+    poison = [torch.full(p.shape, float("nan"), dtype=p.dtype, device=device) for _ in range(p.n_out)]
+    p.call("triton", out=tuple(poison) if p.n_out == 2 else poison[0])
+    return [x.double().cpu().numpy() for x in poison]
 
 
 def rel_err(y, ref):
@@ -183,9 +99,8 @@ def check_compile_and_graphs(device):
     torch.manual_seed(0)
     r, v = torch.randn(4096, 128, device=device), torch.randn(4096, 128, device=device)
     d = torch.rand(4096, 128, device=device) < 0.02
-    g, l = np.full(r.shape, hyper(GAMMA, r.dtype)), np.full(r.shape, hyper(LMBDA, r.dtype))
-    ref = oracle.gae(r.double().cpu().numpy(), v.double().cpu().numpy(),
-                     oracle.implied_next_values(v.double().cpu().numpy()), d.cpu().numpy(), d.cpu().numpy(), g, l)[0]
+    kw = dict(done=d, gamma=GAMMA, lmbda=LMBDA)
+    ref = reference("gae", (r, v), kw)[0]
 
     def f(r, v, d):
         return rt.gae(r, v, done=d, gamma=GAMMA, lmbda=LMBDA)[0]
@@ -201,9 +116,7 @@ def check_compile_and_graphs(device):
         r.copy_(r2)
         graph.replay()
         torch.cuda.synchronize()
-        ref2 = oracle.gae(r2.double().cpu().numpy(), v.double().cpu().numpy(),
-                          oracle.implied_next_values(v.double().cpu().numpy()), d.cpu().numpy(),
-                          d.cpu().numpy(), g, l)[0]
+        ref2 = reference("gae", (r2, v), kw)[0]
         lines.append(("CUDA-graph capture + replay of gae (new inputs)", rel_err(static.double().cpu().numpy(), ref2)))
     return lines
 
@@ -216,8 +129,6 @@ def check_launch_cache(device):
 
     worst = 0.0
     for R, T in ((64, 300), (2, 20000)):
-        g, l = np.full((R, T), hyper(GAMMA, torch.float32)), np.full((R, T), hyper(LMBDA, torch.float32))
-
         def inputs(variant, seed):
             torch.manual_seed(seed)
             made = []
@@ -234,9 +145,9 @@ def check_launch_cache(device):
 
         for seed, variant in enumerate(["plain", "offset", "plain", "transposed", "offset", "plain"] * 2):
             r, v, d = inputs(variant, seed)
-            adv = rt.gae(r, v, done=d, gamma=GAMMA, lmbda=LMBDA)[0]
-            vn, dn = v.double().cpu().numpy(), d.cpu().numpy()
-            ref = oracle.gae(r.double().cpu().numpy(), vn, oracle.implied_next_values(vn), dn, dn, g, l)[0]
+            kw = dict(done=d, gamma=GAMMA, lmbda=LMBDA)
+            adv = rt.gae(r, v, **kw)[0]
+            ref = reference("gae", (r, v), kw)[0]
             worst = max(worst, rel_err(adv.double().cpu().numpy(), ref))
     return worst
 
@@ -250,8 +161,7 @@ def check_direction(device, lengths):
         a, b = torch.randn(64, T, device=device), torch.rand(64, T, device=device)
         for reverse in (True, False):
             y = rt.affine_scan(a, b, reverse=reverse, backend="triton").double().cpu().numpy()
-            worst = max(worst, rel_err(y, oracle.affine_scan(a.double().cpu().numpy(), b.double().cpu().numpy(),
-                                                            reverse=reverse)))
+            worst = max(worst, rel_err(y, reference("affine_scan", (a, b), dict(reverse=reverse))[0]))
     return worst
 
 

@@ -19,7 +19,7 @@ import torch
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # after PYTHONPATH: another checkout can be timed
 import rl_triton as rt  # noqa: E402
-from rl_triton.core import cpu, kernels  # noqa: E402
+from rl_triton.core import cpu, kernels, spec  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run import _empty_kernel  # noqa: E402
@@ -70,15 +70,15 @@ def main():
     x = torch.empty(1, device=dev)
     call = lambda: rt.gae(r, v, bootstrap_value=bv, terminated=term)  # noqa: E731
     call_out = lambda: rt.gae(r, v, bootstrap_value=bv, terminated=term, out=(adv, ret))  # noqa: E731
-    views = ("gae", r, v, None, bv, term, None, None, None, 0.99, 0.95, 0, 0, adv, ret)
+    views = spec.GAE.bind(rewards=r, values=v, bootstrap_value=bv, terminated=term, gamma=0.99, lmbda=0.95)
     if args.cpu:
-        rows = [("cpu.run on validated [R, T] views", lambda: cpu.run(views[0], torch.float32, *views[1:])),
+        rows = [("cpu.run on validated [R, T] views", lambda: cpu.run(spec.GAE, torch.float32, views, (adv, ret))),
                 ("rl_triton.gae(..., out=), cpu.run a no-op", _stubbed(call_out)),
                 ("rl_triton.gae(..., out=)", call_out),
                 ("rl_triton.gae(...)", call)]
     else:
         rows = [("empty Triton kernel (1 argument)", lambda: _empty_kernel[(1,)](x)),
-                ("kernels.run on validated [R, T] views", lambda: kernels.run(*views)),
+                ("kernels.run on validated [R, T] views", lambda: kernels.run(spec.GAE, views, (adv, ret))),
                 ("rl_triton.gae(..., out=)", call_out),
                 ("rl_triton.gae(...)", call)]
     print(f"launch throughput at {R}x{T} (us per call, calls back to back):")

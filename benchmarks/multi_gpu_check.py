@@ -28,16 +28,14 @@ import tempfile
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast on shared hosts
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 _here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [_here, os.path.join(_here, ".."), os.path.join(_here, "..", "tests")]
-import oracle  # noqa: E402
-
+sys.path[:0] = [_here, os.path.join(_here, "..")]
 import rl_triton as rt  # noqa: E402
-from gpu_check import ALGOS, GAMMA, LMBDA, actual, expected, hyper, rel_err  # noqa: E402
+from gpu_check import ALGOS, GAMMA, LMBDA, actual, expected, rel_err  # noqa: E402
+from rl_triton.testing import reference  # noqa: E402
 
 TOL = 1e-5
 
@@ -114,11 +112,8 @@ def _rank(rank: int, world: int, backend: str, result_file: str, n_envs: int, T:
                 sharded = torch.cat(gathered, 0)
                 worst_vs_single = max(worst_vs_single, rel_err(sharded.double().cpu().numpy(),
                                                                single.double().cpu().numpy()))
-                v = full_values.double().cpu().numpy()
-                term = terminated.cpu().numpy()
-                g, l = (np.full(term.shape, hyper(x, torch.float32)) for x in (GAMMA, LMBDA))
-                ref = oracle.gae(rewards.double().cpu().numpy(), v[:, :-1],
-                                 oracle.implied_next_values(v[:, :-1], v[:, -1]), term, term, g, l)[0]
+                ref = reference("gae", (rewards, full_values[:, :-1]), dict(
+                    bootstrap_value=full_values[:, -1], terminated=terminated, gamma=GAMMA, lmbda=LMBDA))[0]
                 worst_vs_oracle = max(worst_vs_oracle, rel_err(sharded.double().cpu().numpy(), ref))
         loss = (ddp(obs[shard]).squeeze(-1)[:, :-1] - ret).pow(2).mean()
         opt.zero_grad()

@@ -10,21 +10,35 @@ Every problem is one estimator on an R x T rollout (batch-major, 2% dones, float
 - TorchRL's functionals where TorchRL has the algorithm (GAE loop and vec, TD(lambda) loop and
   vec, V-trace), when torchrl is installed.
 
-Each implementation is checked on the first rows against the float64 oracle (tests/oracle.py)
-before it is timed; a wrong one is reported as wrong and not timed.
+The problems come from rl_triton.testing's catalog (its "done" variants). Each
+implementation is checked on the first rows against the float64 oracle before it is timed; a
+wrong one is reported as wrong and not timed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
+import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-import oracle
-import rl_triton as rt
-from rl_triton.core import scan as _scan
+import rl_triton
+
+_TESTING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "rl_triton", "testing")
+if os.path.samefile(os.path.dirname(rl_triton.__file__), os.path.dirname(_TESTING)):
+    import rl_triton.testing as testing
+else:
+    # rl_triton of another checkout (device_times.py --root, host_overhead.py with PYTHONPATH), which
+    # may predate rl_triton.testing: this checkout's package under that name, so every version runs
+    # the same problems (the catalog calls only rl_triton's public functions)
+    _spec = importlib.util.spec_from_file_location("rl_triton.testing", os.path.join(_TESTING, "__init__.py"),
+                                                   submodule_search_locations=[_TESTING])
+    testing = sys.modules["rl_triton.testing"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(testing)
 
 GAMMA, LMBDA, TRACE_LMBDA = 0.99, 0.95, 0.9
 
@@ -68,12 +82,14 @@ def assoc_scan(alpha, beta, carry, reverse):
 @contextlib.contextmanager
 def scan_swapped(fn):
     """Route rl_triton's composed (backend="torch") path through another scan function."""
-    original = _scan._scan_op
-    _scan._scan_op = lambda alpha, beta, carry, reverse, backend: fn(alpha, beta, carry, reverse)
+    from rl_triton.core import launch
+
+    original = launch.scan_rows
+    launch.scan_rows = lambda alpha, beta, carry, reverse, backend: fn(alpha, beta, carry, reverse)
     try:
         yield
     finally:
-        _scan._scan_op = original
+        launch.scan_rows = original
 
 
 def _compiled_peer(call, scan_fn):
@@ -91,13 +107,9 @@ class Problem:
 
     def __init__(self, algo: str, R: int, T: int, device="cuda", dtype=torch.float32):
         self.algo, self.R, self.T = algo, R, T
-        g = torch.Generator(device=device).manual_seed(R * 7 + T)
-
-        def x(scale=1.0):
-            return (torch.randn(R, T, device=device, generator=g) * scale).to(dtype)
-
-        self.r, self.v, self.nv, self.lp, self.lm = x(), x(), x(), x(0.3), x(0.3)
-        self.done = torch.rand(R, T, device=device, generator=g) < 0.02
+        lmbda = {"gae": LMBDA, "td_lambda_return": LMBDA, "eligibility_trace": TRACE_LMBDA}.get(algo)
+        self.problem = testing.make(algo, (R, T), "done", dtype=dtype, device=device, seed=R * 7 + T, p_trunc=0.0,
+                                    gamma=GAMMA, lmbda=lmbda)
         e = torch.tensor([], dtype=dtype).element_size()
         floats_in, floats_out = {"gae": (2, 2), "td_lambda_return": (2, 1), "discounted_return": (1, 1),
                                  "vtrace": (4, 2), "retrace": (5, 1)}.get(algo, (1, 1))
@@ -105,42 +117,11 @@ class Problem:
 
     def call(self, backend=None):
         """rl_triton's call: a tuple of outputs."""
-        r, v, nv, d, kw = self.r, self.v, self.nv, self.done, dict(backend=backend)
-        if self.algo == "gae":
-            return rt.gae(r, v, done=d, gamma=GAMMA, lmbda=LMBDA, **kw)
-        if self.algo == "td_lambda_return":
-            return (rt.td_lambda_return(r, nv, done=d, gamma=GAMMA, lmbda=LMBDA, **kw),)
-        if self.algo == "discounted_return":
-            return (rt.discounted_return(r, done=d, gamma=GAMMA, **kw),)
-        if self.algo == "vtrace":
-            return rt.vtrace(r, v, self.lp, self.lm, done=d, gamma=GAMMA, **kw)
-        if self.algo == "retrace":
-            return (rt.retrace(r, v, self.lp, self.lm, next_expected_q=nv, done=d, gamma=GAMMA, **kw),)
-        if self.algo == "eligibility_trace":
-            return (rt.eligibility_trace(r, done=d, gamma=GAMMA, lmbda=TRACE_LMBDA, **kw),)
-        return (rt.episodic_cumsum(r, done=d, **kw),)
+        return self.problem.call(backend)
 
     def expected(self, rows: int):
         """The float64 oracle's outputs for the first ``rows`` rows (hyperparameters in float32)."""
-        n = min(rows, self.R)
-        f = {k: getattr(self, k)[:n].double().cpu().numpy() for k in ("r", "v", "nv", "lp", "lm")}
-        d = self.done[:n].cpu().numpy()
-        g, l = (np.full(d.shape, float(np.float32(x))) for x in (GAMMA, LMBDA))
-        if self.algo == "gae":
-            return oracle.gae(f["r"], f["v"], oracle.implied_next_values(f["v"]), d, d, g, l)
-        if self.algo == "td_lambda_return":
-            return (oracle.td_lambda_return(f["r"], f["nv"], d, d, g, l),)
-        if self.algo == "discounted_return":
-            return (oracle.discounted_return(f["r"], d, d, g),)
-        if self.algo == "vtrace":
-            return oracle.vtrace(f["r"], f["v"], oracle.implied_next_values(f["v"]), f["lp"], f["lm"], d, d, g,
-                                 np.ones(d.shape), 1.0, 1.0, 1.0)
-        if self.algo == "retrace":
-            return (oracle.retrace(f["r"], f["v"], f["lp"], f["lm"], d, d, g, np.ones(d.shape), 1.0,
-                                   next_expected_q=f["nv"]),)
-        if self.algo == "eligibility_trace":
-            return (oracle.eligibility_trace(f["r"], d, g, np.full(d.shape, float(np.float32(TRACE_LMBDA)))),)
-        return (oracle.episodic_cumsum(f["r"], d),)
+        return self.problem.head(rows).expected()
 
     def peers(self, compiled: bool = True, loop_max_T: int = 4096) -> dict:
         """name -> callable returning the outputs in rl_triton's order. Per-step Python loops are
@@ -161,7 +142,8 @@ class Problem:
         except Exception:  # not installed, or built for another torch
             return {}
         col = lambda t: t[..., None]  # noqa: E731  TorchRL's [B, T, 1]
-        r, v, d = col(self.r), col(self.v), col(self.done)
+        args = self.problem.args
+        r, v, d = col(args[0]), col(args[1]), col(self.problem.kwargs["done"])
         nv_implied = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], 1)
         out = {}
         if self.algo == "gae":
@@ -173,10 +155,10 @@ class Problem:
             for name, fn in (("TorchRL TD(lambda) loop", trl.td_lambda_return_estimate),
                              ("TorchRL TD(lambda) vec", trl.vec_td_lambda_return_estimate)):
                 if loops or "vec" in name:
-                    out[name] = lambda fn=fn: (fn(GAMMA, LMBDA, col(self.nv), r, d)[..., 0],)
+                    out[name] = lambda fn=fn: (fn(GAMMA, LMBDA, v, r, d)[..., 0],)  # v: the next values here
         if self.algo == "vtrace" and loops:
             def vtrace():
-                adv, vs = trl.vtrace_advantage_estimate(GAMMA, col(self.lp), col(self.lm), v, nv_implied, r, d)
+                adv, vs = trl.vtrace_advantage_estimate(GAMMA, col(args[2]), col(args[3]), v, nv_implied, r, d)
                 return vs[..., 0], adv[..., 0]
 
             out["TorchRL V-trace loop"] = vtrace

@@ -24,7 +24,7 @@ median of repeated calls (time.perf_counter) of rl_triton's numba and torch back
 ``RolloutBuffer.compute_returns_and_advantage`` (and the same method patched by
 rl_triton.integrations.sb3) and TorchRL's ``generalized_advantage_estimate``
 and ``vec_generalized_advantage_estimate`` when installed, each first checked against the float64
-oracle of tests/oracle.py (a wrong result is reported, not timed).
+oracle of rl_triton.testing (a wrong result is reported, not timed).
 """
 
 from __future__ import annotations
@@ -42,11 +42,9 @@ import triton
 import triton.language as tl
 
 _here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [_here, os.path.join(_here, ".."), os.path.join(_here, "..", "tests")]
-import oracle  # noqa: E402
-
+sys.path[:0] = [_here, os.path.join(_here, "..")]
 import rl_triton as rt  # noqa: E402
-from peers import Problem, max_error  # noqa: E402
+from peers import Problem, max_error, testing  # noqa: E402
 
 GRID = ["4096x128", "64x512", "1024x1024", "16384x512", "128x4096", "32768x8", "4096x32", "16384x16",
         "64x8192", "8x32768", "1x131072", "16384x4096", "4096x4096"]
@@ -181,12 +179,11 @@ def cpu_main(md):
         ep_start = (rng.random((T, N)) < 0.02).astype(np.float32)
         last_v, last_done = rng.standard_normal(N).astype(np.float32), (rng.random(N) < 0.02).astype(np.float32)
         done = np.concatenate([ep_start[1:], last_done[None]], 0)
-        nv = np.concatenate([v[1:], last_v[None]], 0)
-        g32, l32 = float(np.float32(gamma)), float(np.float32(lam))
-        ref = oracle.gae(r.T, v.T, nv.T, done.T, done.T, np.full((N, T), g32), np.full((N, T), l32))[0].T
         tr, tv, td, tb = map(torch.as_tensor, (r, v, done != 0, last_v))
-        impls = {f"rl_triton ({b})": (lambda b=b: rt.gae(tr, tv, bootstrap_value=tb, done=td, gamma=gamma, lmbda=lam,
-                                                         time_dim=0, backend=b)[0])
+        problem = testing.Problem("gae", (tr, tv), dict(bootstrap_value=tb, done=td, gamma=gamma, lmbda=lam,
+                                                        time_dim=0))
+        ref = problem.expected()[0]
+        impls = {f"rl_triton ({b})": (lambda b=b: problem.call(b)[0])
                  for b in ("cpu", "torch") if b != "cpu" or rt.core.cpu.AVAILABLE}
         impls.update(cpu_peers(T, N, r, v, ep_start, last_v, last_done, gamma, lam))
         times = {}

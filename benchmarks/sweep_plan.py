@@ -14,7 +14,6 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from peers import Problem, max_error  # noqa: E402
 from run import device_us  # noqa: E402
 

@@ -21,12 +21,25 @@ import numpy as np
 import torch
 
 import rl_triton as rt
-from rl_triton.core.scan import resolve_backend
+from rl_triton.core.launch import resolve_backend
+from rl_triton.testing import Problem, make
 
 GAMMA = 0.99
 LMBDA = 0.95
 DONE_PROB = 1.0 / 200.0  # an episode ends about every 200 steps
 TERMINATED_SHARE = 0.7  # the other 30% of episode ends are time-limit truncations
+# estimator -> (variant of rl_triton.testing.catalog, hyperparameters): Gymnasium flags and
+# explicit next values (final-observation values at truncations) where the estimator bootstraps
+ESTIMATORS = {
+    "gae": ("gym", dict(gamma=GAMMA, lmbda=LMBDA)),
+    "td_lambda_return": ("gym", dict(gamma=GAMMA, lmbda=LMBDA)),
+    "discounted_return": ("gym", dict(gamma=GAMMA)),
+    "vtrace": ("gym", dict(gamma=GAMMA)),
+    "retrace": ("expected", dict(gamma=GAMMA, lmbda=LMBDA)),
+    "eligibility_trace": ("done", dict(gamma=GAMMA, lmbda=LMBDA)),
+    "episodic_cumsum": ("done", {}),
+    "affine_scan": ("reverse", {}),
+}
 
 
 # --------------------------------------------------------------------------------------
@@ -43,83 +56,14 @@ class Shape:
         a, b = self.dims
         return f"{a}x{b} " + ("(T,N)" if self.time_dim == 0 else "(N,T)")
 
-    @property
-    def num_envs(self) -> int:
-        return self.dims[1] if self.time_dim == 0 else self.dims[0]
 
-    @property
-    def num_steps(self) -> int:
-        return self.dims[0] if self.time_dim == 0 else self.dims[1]
-
-
-class Rollout:
-    """Synthetic rollout with the statistics of a real one: ~1 episode end per 200 steps,
-    a mix of terminations and truncations, distinct final-observation values at truncations."""
-
-    def __init__(self, shape: Shape, device: torch.device, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
-        dims, td = shape.dims, shape.time_dim
-        self.shape, self.time_dim = shape, td
-
-        def randn(*extra: int) -> torch.Tensor:
-            return torch.randn(*dims, *extra, generator=g)
-
-        def rand() -> torch.Tensor:
-            return torch.rand(*dims, generator=g)
-
-        rewards = randn()
-        values = randn()
-        done = rand() < DONE_PROB
-        terminated = done & (rand() < TERMINATED_SHARE)
-        truncated = done & ~terminated
-        # next_values[t] = V(s_{t+1}): values[t+1] inside an episode, V(s_T) at the window end,
-        # V(final observation) after a truncation (where the env reset replaced s_{t+1}).
-        bootstrap = torch.randn(shape.num_envs, generator=g)
-        nv = torch.cat([values.narrow(td, 1, dims[td] - 1), bootstrap.unsqueeze(td)], dim=td)
-        nv = torch.where(truncated, randn(), nv)
-        log_mu = -2.0 * rand() - 0.05
-        log_pi = log_mu + 0.3 * randn()
-
-        to = dict(device=device)
-        self.rewards = rewards.to(**to)
-        self.values = values.to(**to)
-        self.next_values = nv.to(**to)
-        self.done = done.to(**to)
-        self.terminated = terminated.to(**to)
-        self.truncated = truncated.to(**to)
-        self.log_pi = log_pi.to(**to)
-        self.log_mu = log_mu.to(**to)
-        self.q_values = randn().to(**to)
-        self.next_expected_q = randn().to(**to)
-        self.x = randn().to(**to)
-        self.beta = (GAMMA * (~done).float()).to(**to)
-
-
-def estimator_calls(r: Rollout) -> List[Tuple[str, Callable[[str], object]]]:
-    """(name, fn(backend) -> output) for the seven estimators and affine_scan."""
-    td = r.time_dim
-    flags = dict(terminated=r.terminated, truncated=r.truncated)
-    return [
-        ("gae", lambda b: rt.gae(
-            r.rewards, r.values, next_values=r.next_values, **flags,
-            gamma=GAMMA, lmbda=LMBDA, time_dim=td, backend=b)),
-        ("td_lambda_return", lambda b: rt.td_lambda_return(
-            r.rewards, r.next_values, **flags, gamma=GAMMA, lmbda=LMBDA, time_dim=td, backend=b)),
-        ("discounted_return", lambda b: rt.discounted_return(
-            r.rewards, next_values=r.next_values, **flags, gamma=GAMMA, time_dim=td, backend=b)),
-        ("vtrace", lambda b: rt.vtrace(
-            r.rewards, r.values, r.log_pi, r.log_mu, next_values=r.next_values, **flags,
-            gamma=GAMMA, time_dim=td, backend=b)),
-        ("retrace", lambda b: rt.retrace(
-            r.rewards, r.q_values, r.log_pi, r.log_mu, next_expected_q=r.next_expected_q,
-            **flags, gamma=GAMMA, lmbda=LMBDA, time_dim=td, backend=b)),
-        ("eligibility_trace", lambda b: rt.eligibility_trace(
-            r.x, done=r.done, gamma=GAMMA, lmbda=LMBDA, time_dim=td, backend=b)),
-        ("episodic_cumsum", lambda b: rt.episodic_cumsum(
-            r.rewards, done=r.done, time_dim=td, backend=b)),
-        ("affine_scan", lambda b: rt.affine_scan(
-            r.rewards, r.beta, reverse=True, time_dim=td, backend=b)),
-    ]
+def rollout_problems(shape: Shape, device: torch.device, seed: int = 0) -> List[Tuple[str, Problem]]:
+    """(name, problem) for the seven estimators and affine_scan on rollouts of ``shape``: an
+    episode ends at a step with probability DONE_PROB, by termination in TERMINATED_SHARE of
+    the cases, else by truncation."""
+    return [(name, make(name, shape.dims, variant, time_dim=shape.time_dim, device=device, seed=seed + i,
+                        p_term=DONE_PROB * TERMINATED_SHARE, p_trunc=DONE_PROB * (1 - TERMINATED_SHARE), **hyper))
+            for i, (name, (variant, hyper)) in enumerate(ESTIMATORS.items())]
 
 
 # --------------------------------------------------------------------------------------
@@ -147,32 +91,23 @@ def sb3_gae_numpy(rewards, values, episode_starts, last_values, dones, gamma, ga
     return advantages, advantages + values
 
 
-def sb3_calls(r: Rollout):
-    """GAE from SB3's buffers: rl_triton (flags mapped) vs the SB3 numpy loop."""
-    if r.time_dim != 0:
+def sb3_calls(shape: Shape):
+    """GAE from SB3's buffers (CPU): rl_triton (flags mapped) vs the SB3 numpy loop."""
+    if shape.time_dim != 0:
         raise ValueError("the SB3 reference row needs a time-major rollout")
-    done = r.done.cpu()
-    rewards = r.rewards.cpu().numpy()
-    values = r.values.cpu().numpy()
-    # observation-aligned flags as SB3 stores them: episode_starts[t+1] = done[t]
-    episode_starts = np.zeros_like(rewards)
-    episode_starts[1:] = done[:-1].numpy()
-    last_dones = done[-1].numpy()
-    last_values = torch.randn(rewards.shape[1], generator=torch.Generator().manual_seed(1)).numpy()
-
-    def fast(backend: str):
-        # SB3's flags read in place: done[t] = episode_starts[t+1], done[T-1] = last_done, all
-        # terminations (SB3 folds the truncation bootstrap into the rewards)
-        return rt.gae(torch.from_numpy(rewards), torch.from_numpy(values),
-                      episode_starts=torch.from_numpy(episode_starts), last_done=torch.from_numpy(last_dones),
-                      bootstrap_value=torch.from_numpy(last_values), gamma=GAMMA, lmbda=LMBDA,
-                      time_dim=0, backend=backend)
+    # SB3's observation-aligned flags, read in place: done[t] = episode_starts[t+1],
+    # done[T-1] = last_done, all terminations (SB3 folds the truncation bootstrap into the rewards)
+    problem = make("gae", shape.dims, "episode_starts", time_dim=0, seed=len(ESTIMATORS), p_term=DONE_PROB,
+                   p_trunc=0.0, gamma=GAMMA, lmbda=LMBDA)
+    rewards, values = (x.numpy() for x in problem.args)
+    episode_starts, last_dones, last_values = (problem.kwargs[k].numpy() for k in
+                                               ("episode_starts", "last_done", "bootstrap_value"))
 
     def loop():
         return sb3_gae_numpy(rewards, values, episode_starts, last_values, last_dones,
                              GAMMA, LMBDA)
 
-    return fast, loop
+    return problem.call, loop
 
 
 # --------------------------------------------------------------------------------------
@@ -346,12 +281,11 @@ def run(device: Optional[str] = None, repeats: Optional[int] = None, quick: bool
 
     plan = []
     for shape in shapes:
-        r = Rollout(shape, dev)
-        for name, call in estimator_calls(r):
-            plan.append((name, shape, lambda call=call: call("auto"),
-                         lambda call=call: call("torch"), "torch loop"))
+        for name, problem in rollout_problems(shape, dev):
+            plan.append((name, shape, lambda p=problem: p.call("auto"),
+                         lambda p=problem: p.call("torch"), "torch loop"))
         if dev.type == "cpu" and shape.time_dim == 0:
-            fast, loop = sb3_calls(r)
+            fast, loop = sb3_calls(shape)
             plan.append(("gae vs SB3 numpy loop", shape, lambda fast=fast: fast("auto"), loop,
                          "SB3 numpy"))
 

@@ -64,15 +64,6 @@ def triton_usable() -> bool:
         return False
     import rl_triton
 
-    probe = getattr(rl_triton, "triton_available", None) or getattr(
-        rl_triton, "is_triton_available", None
-    )
-    if callable(probe):
-        try:
-            if not probe():
-                return False
-        except Exception:
-            return False
     try:
         a = torch.zeros(1, 2)
         rl_triton.affine_scan(a, a, backend="triton")

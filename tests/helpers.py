@@ -1,22 +1,24 @@
-"""Shared test helpers: layout adapters, tensor builders, tolerances and hypothesis strategies.
+"""Test helpers: hypothesis strategies for layouts, flags, coefficients and whole calls,
+tensor builders for memory layouts, tolerances and assertions.
 
-Nothing here imports rl_triton: cases are described by plain tensors plus an ``expected``
-closure that feeds the float64 oracle (tests/oracle.py) with the values actually passed to
-the library (so low-precision inputs are compared against the oracle on the rounded data).
+Every case strategy draws a ``rl_triton.testing.Problem`` (a public function's name, tensors
+and keywords); its expected outputs come from the catalog's one kwargs-driven reference, which
+feeds the float64 oracle with the values actually passed to the library (so low-precision
+inputs are compared against the oracle on the rounded data).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from hypothesis import strategies as st
 
-import oracle
+from rl_triton.testing.catalog import Problem, as_f64
 
 # --------------------------------------------------------------------------------------
 # profile scaling (see conftest.py)
@@ -28,66 +30,6 @@ _PROFILE_SCALE = {"quick": 0.1, "ci": 1.0, "thorough": 10.0}
 def n_examples(base: int) -> int:
     prof = os.environ.get("RL_TRITON_HYPOTHESIS_PROFILE", "ci")
     return max(5, int(base * _PROFILE_SCALE.get(prof, 1.0)))
-
-
-# --------------------------------------------------------------------------------------
-# layout adapters: caller layout  <->  oracle rows [R, T]
-# --------------------------------------------------------------------------------------
-
-
-def as_f64(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(torch.float64).cpu().numpy()
-    return np.asarray(x, dtype=np.float64)
-
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= int(x)
-    return out
-
-
-def align_leading(x: np.ndarray, ndim: int) -> np.ndarray:
-    """Append trailing singleton dims (a `done` aligned with x's leading dims)."""
-    return x.reshape(x.shape + (1,) * (ndim - x.ndim))
-
-
-def to_rows(x, shape, td) -> np.ndarray:
-    """Broadcast `x` (torch broadcasting rules) to `shape`, move time `td` last, -> [R, T]."""
-    a = np.broadcast_to(as_f64(x), shape)
-    T = shape[td]
-    R = _prod(s for i, s in enumerate(shape) if i != td)
-    return np.ascontiguousarray(np.moveaxis(a, td, -1)).reshape(R, T)
-
-
-def to_rows_actions(x, shape, td) -> np.ndarray:
-    """x of shape `shape + (A,)` (action dim last) -> [R, T, A]."""
-    a = as_f64(x)
-    A = a.shape[-1]
-    a = np.broadcast_to(a, tuple(shape) + (A,))
-    T = shape[td]
-    R = _prod(s for i, s in enumerate(shape) if i != td)
-    return np.ascontiguousarray(np.moveaxis(a, td, -2)).reshape(R, T, A)
-
-
-def per_row(x, shape, td) -> np.ndarray:
-    """A tensor of shape `shape` without the time dim (broadcastable) -> [R]."""
-    rest = tuple(s for i, s in enumerate(shape) if i != td)
-    return np.ascontiguousarray(np.broadcast_to(as_f64(x), rest)).reshape(-1)
-
-
-def from_rows(y: np.ndarray, shape, td) -> np.ndarray:
-    rest = tuple(s for i, s in enumerate(shape) if i != td)
-    T = shape[td]
-    return np.moveaxis(np.asarray(y).reshape(rest + (T,)), -1, td)
-
-
-def coef_rows(value, shape, td) -> np.ndarray:
-    """gamma / lmbda given as float, 0-d tensor or broadcastable tensor -> [R, T]."""
-    if isinstance(value, torch.Tensor):
-        return to_rows(value, shape, td)
-    return to_rows(np.full((), float(value)), shape, td)
 
 
 # --------------------------------------------------------------------------------------
@@ -154,54 +96,18 @@ def assert_layout(out: torch.Tensor, like: torch.Tensor, shape, dtype, what="out
 
 
 # --------------------------------------------------------------------------------------
-# a drawn case
+# checking a drawn problem
 # --------------------------------------------------------------------------------------
 
 
-@dataclass
-class Case:
-    fn: str                                   # public function name in rl_triton
-    args: tuple
-    kwargs: dict
-    expected: Callable[[], tuple]             # -> tuple of float64 arrays in caller layout
-    like: torch.Tensor                        # tensor whose layout outputs follow
-    shape: tuple
-    dtype: torch.dtype
-    n_out: int
-    notes: dict = field(default_factory=dict)
-
-    def call(self, mod, backend):
-        return getattr(mod, self.fn)(*self.args, **self.kwargs, backend=backend)
-
-    def __repr__(self):
-        def d(v):
-            if isinstance(v, torch.Tensor):
-                return f"Tensor(shape={tuple(v.shape)}, stride={v.stride()}, dtype={v.dtype})"
-            return repr(v)
-
-        lines = [f"Case {self.fn}: shape={self.shape} dtype={self.dtype} notes={self.notes}"]
-        for i, a in enumerate(self.args):
-            lines.append(f"  arg{i} = {d(a)}")
-            if isinstance(a, torch.Tensor) and a.numel() <= 200:
-                lines.append(f"         {a.tolist()}")
-        for k, v in self.kwargs.items():
-            lines.append(f"  {k} = {d(v)}")
-            if isinstance(v, torch.Tensor) and v.numel() <= 200:
-                lines.append(f"         {v.tolist()}")
-        return "\n".join(lines)
-
-
-def check_case(case: Case, mod, backend):
-    """Run a case on one backend and compare every output against the oracle."""
+def check_case(case: Problem, backend):
+    """Run a problem on one backend and compare every output against the oracle."""
     snapshot = {k: v.clone() for k, v in case.kwargs.items() if isinstance(v, torch.Tensor)}
     snap_args = [a.clone() for a in case.args]
-    out = case.call(mod, backend)
-    outs = out if case.n_out > 1 else (out,)
-    assert isinstance(outs, tuple) and len(outs) == case.n_out, \
-        f"expected {case.n_out} outputs, got {type(out)}"
-    exp = case.expected()
-    for i, (o, e) in enumerate(zip(outs, exp)):
-        assert_layout(o, case.like, case.shape, case.dtype, what=f"{case.fn} output {i}")
+    outs = case.call(backend)
+    assert len(outs) == case.n_out, f"expected {case.n_out} outputs, got {len(outs)}"
+    for i, (o, e) in enumerate(zip(outs, case.expected())):
+        assert_layout(o, case.args[0], case.shape, case.dtype, what=f"{case.fn} output {i}")
         assert_matches(o, e, case.dtype, what=f"{case.fn} output {i} [{backend}]")
     # inputs untouched
     for a, s in zip(case.args, snap_args):
@@ -211,120 +117,13 @@ def check_case(case: Case, mod, backend):
 
 
 # --------------------------------------------------------------------------------------
-# kwargs-driven reference: the api_decisions argument rules applied to an actual call
-# --------------------------------------------------------------------------------------
-
-_DEFAULTS = {
-    "gae": dict(gamma=0.99, lmbda=0.95),
-    "td_lambda_return": dict(gamma=0.99, lmbda=0.95),
-    "discounted_return": dict(gamma=0.99),
-    "vtrace": dict(gamma=0.99, lmbda=1.0, rho_bar=1.0, c_bar=1.0, rho_bar_pg=None),
-    "retrace": dict(gamma=0.99, lmbda=1.0, c_bar=1.0),
-    "eligibility_trace": dict(gamma=0.99, lmbda=1.0),
-    "episodic_cumsum": dict(),
-    "affine_scan": dict(reverse=True),
-}
-
-
-def reference(fn: str, args, kwargs) -> tuple:
-    """Expected outputs (float64 numpy, caller layout) of ``rl_triton.<fn>(*args, **kwargs)``.
-
-    Applies api_decisions 1-11 (flag conventions, next-value forms, defaults, broadcasting,
-    time_dim) and calls the oracle."""
-    kw = dict(_DEFAULTS[fn])
-    kw.update(kwargs)
-    if fn == "affine_scan":
-        shape = tuple(torch.broadcast_shapes(args[0].shape, args[1].shape))
-    else:
-        shape = tuple(args[0].shape)
-    nd = len(shape)
-    td = kw.get("time_dim", -1)
-    td = td + nd if td < 0 else td
-    T = shape[td] if nd else 0
-    rows = lambda x: to_rows(x, shape, td)  # noqa: E731
-
-    def flag(x):
-        if x is None:
-            return None
-        a = as_f64(x) != 0
-        if fn in ("eligibility_trace", "episodic_cumsum"):
-            a = align_leading(a, nd)
-        return rows(a) != 0
-
-    done, term, trunc = flag(kw.get("done")), flag(kw.get("terminated")), flag(kw.get("truncated"))
-    zeros = rows(np.zeros(())) != 0
-    if done is None:
-        done = zeros
-        for f in (term, trunc):
-            if f is not None:
-                done = done | f
-    term_eff = term if term is not None else (flag(kw.get("done")) if kw.get("done") is not None
-                                              else zeros)
-    g = coef_rows(kw["gamma"], shape, td) if "gamma" in kw else None
-    lam = coef_rows(kw["lmbda"], shape, td) if "lmbda" in kw else None
-    boot = kw.get("bootstrap_value")
-    boot_rows = None if boot is None else per_row(boot, shape, td)
-    out = lambda *ys: tuple(from_rows(y, shape, td) for y in ys)  # noqa: E731
-
-    def next_values(values_rows):
-        if kw.get("next_values") is not None:
-            return rows(kw["next_values"])
-        return oracle.implied_next_values(values_rows, boot_rows)
-
-    if fn == "gae":
-        v = rows(args[1])
-        return out(*oracle.gae(rows(args[0]), v, next_values(v), term_eff, done, g, lam))
-    if fn == "td_lambda_return":
-        return out(oracle.td_lambda_return(rows(args[0]), rows(args[1]), term_eff, done, g, lam))
-    if fn == "discounted_return":
-        nv = None if kw.get("next_values") is None else rows(kw["next_values"])
-        if boot_rows is not None:
-            carry = boot_rows
-        elif nv is not None and T > 0:
-            carry = nv[:, -1]
-        else:
-            carry = None
-        return out(oracle.discounted_return(rows(args[0]), term_eff, done, g, next_values=nv,
-                                            carry=carry))
-    if fn == "vtrace":
-        v = rows(args[1])
-        rho_bar = float(kw["rho_bar"])
-        pg = rho_bar if kw["rho_bar_pg"] is None else float(kw["rho_bar_pg"])
-        return out(*oracle.vtrace(rows(args[0]), v, next_values(v), rows(args[2]), rows(args[3]),
-                                  term_eff, done, g, lam, rho_bar, float(kw["c_bar"]), pg))
-    if fn == "retrace":
-        extra = {}
-        if kw.get("next_expected_q") is not None:
-            extra["next_expected_q"] = rows(kw["next_expected_q"])
-        else:
-            extra["next_pi"] = to_rows_actions(kw["next_pi"], shape, td)
-            extra["next_q"] = to_rows_actions(kw["next_q"], shape, td)
-        return out(oracle.retrace(rows(args[0]), rows(args[1]), rows(args[2]), rows(args[3]),
-                                  term_eff, done, g, lam, float(kw["c_bar"]), **extra))
-    init = kw.get("initial")
-    init_rows = None if init is None else per_row(init, shape, td)
-    if fn == "eligibility_trace":
-        return out(oracle.eligibility_trace(rows(args[0]), done, g, lam, init_rows))
-    if fn == "episodic_cumsum":
-        return out(oracle.episodic_cumsum(rows(args[0]), done, init_rows))
-    if fn == "affine_scan":
-        return out(oracle.affine_scan(rows(args[0]), rows(args[1]), reverse=kw["reverse"],
-                                      initial=init_rows))
-    raise KeyError(fn)
-
-
-def expected_for(case) -> Callable[[], tuple]:
-    return lambda: reference(case.fn, case.args, case.kwargs)
-
-
-# --------------------------------------------------------------------------------------
 # building tensors with various memory layouts
 # --------------------------------------------------------------------------------------
 
 FLOAT_DTYPES = [torch.float64, torch.float64, torch.float32, torch.float32, torch.bfloat16,
                 torch.float16]
-# "float" = the data's float dtype; "float32" regardless of the data's dtype (api 1: flags of
-# any dtype are read as-is, true where nonzero)
+# "float" = the data's float dtype; "float32" regardless of the data's dtype (flags of any
+# dtype are read as they are, true where nonzero: docs/semantics.md section 1)
 FLAG_KINDS = ["bool", "bool", "uint8", "int64", "int32", "float", "float32"]
 
 
@@ -492,7 +291,8 @@ def coefficient(draw, layout: Layout, dtype, rng, name="gamma", lo=0.0, hi=1.0,
     if allow_default:
         forms.append("default")
     form = draw(st.sampled_from(forms))
-    # api 9: gamma/lmbda tensors may be any float dtype (independent of the data's dtype)
+    # gamma/lmbda tensors may have any float dtype, whatever the data's (docs/semantics.md
+    # section 1)
     tdtype = draw(st.sampled_from([torch.float32, torch.float64, dtype, dtype, torch.bfloat16,
                                    torch.float16]))
     if form == "default":
@@ -563,7 +363,7 @@ def draw_done_term(draw, rng, shape, td):
 
 @st.composite
 def flags(draw, layout: Layout, dtype, rng, allow_truncation=True, styles=None):
-    """Draw flag kwargs.  Returns (kwargs, done_mask, term_mask, description)."""
+    """Draw flag kwargs.  Returns (kwargs, description)."""
     shape = layout.shape
     done, term, desc = draw_done_term(draw, rng, shape, layout.td)
     if styles is None:
@@ -581,15 +381,9 @@ def flags(draw, layout: Layout, dtype, rng, allow_truncation=True, styles=None):
         return make_flag_with_layout(mask, kind, dtype, var)
 
     kw: dict[str, Any] = {}
-    if style == "none":
-        done = np.zeros(shape, bool)
-        term = np.zeros(shape, bool)
-    elif style == "gym_term_only":
-        done = term.copy() if draw(st.booleans()) else done.copy()
-        term = done
-        kw["terminated"] = mk(term, "terminated")
+    if style == "gym_term_only":
+        kw["terminated"] = mk(term if draw(st.booleans()) else done, "terminated")
     elif style == "done_only":
-        term = done
         kw["done"] = mk(done, "done")
     elif style == "gym":
         kw["terminated"] = mk(term, "terminated")
@@ -604,11 +398,11 @@ def flags(draw, layout: Layout, dtype, rng, allow_truncation=True, styles=None):
         kw["terminated"] = mk(term, "terminated")
     if draw(st.booleans()):  # keyword order does not matter, but shuffle anyway
         kw = dict(reversed(list(kw.items())))
-    return kw, done, term, f"{style}:{desc}:{kinds}"
+    return kw, f"{style}:{desc}:{kinds}"
 
 
 # --------------------------------------------------------------------------------------
-# algorithm case strategies
+# algorithm case strategies: each draws a Problem
 # --------------------------------------------------------------------------------------
 
 
@@ -637,33 +431,26 @@ def bootstrap_value(draw, layout: Layout, dtype, rng):
 
 
 def _next_value_form(draw, lay, dtype, rng, kw):
-    """Explicit next_values, or the implied form with an optional bootstrap_value; fills ``kw``."""
+    """Explicit next_values, or the implied form with an optional bootstrap_value; fills ``kw``.
+    Returns whether the form is explicit."""
     explicit = draw(st.booleans())
-    nv_t = bv = None
     if explicit:
-        nv_t = _data(draw, rng, lay.shape, dtype)
-        kw["next_values"] = nv_t
+        kw["next_values"] = _data(draw, rng, lay.shape, dtype)
     elif draw(st.booleans()):
-        bv = draw(bootstrap_value(lay, dtype, rng))
-        kw["bootstrap_value"] = bv
-    return explicit, nv_t, bv
-
-
-def _next_value_rows(explicit, nv_t, bv, values_rows, S, td):
-    if explicit:
-        return to_rows(nv_t, S, td)
-    return oracle.implied_next_values(values_rows, None if bv is None else per_row(bv, S, td))
+        kw["bootstrap_value"] = draw(bootstrap_value(lay, dtype, rng))
+    return explicit
 
 
 def _gamma_lmbda(draw, lay, dtype, rng, kw, **coef_kw):
-    """gamma and lmbda in any accepted form, or left to their defaults; fills ``kw``."""
+    """gamma and lmbda in any accepted form, or left to their defaults; fills ``kw``.
+    Returns their forms."""
     gamma, gform = draw(coefficient(lay, dtype, rng, allow_default=True, **coef_kw))
     lmbda, lform = draw(coefficient(lay, dtype, rng, allow_default=True, **coef_kw))
     if gamma is not None:
         kw["gamma"] = gamma
     if lmbda is not None:
         kw["lmbda"] = lmbda
-    return gamma, gform, lmbda, lform
+    return gform, lform
 
 
 @st.composite
@@ -671,26 +458,16 @@ def gae_cases(draw, dtypes=None):
     dtype = draw(st.sampled_from(dtypes or FLOAT_DTYPES))
     lay = draw(layouts())
     rng = _rng(draw)
-    S, td = lay.shape, lay.td
-    r = _data(draw, rng, S, dtype)
-    v = _data(draw, rng, S, dtype)
+    r = _data(draw, rng, lay.shape, dtype)
+    v = _data(draw, rng, lay.shape, dtype)
     kw: dict[str, Any] = {}
-    explicit, nv_t, bv = _next_value_form(draw, lay, dtype, rng, kw)
-    fkw, done, term, fdesc = draw(flags(lay, dtype, rng, allow_truncation=explicit))
+    explicit = _next_value_form(draw, lay, dtype, rng, kw)
+    fkw, fdesc = draw(flags(lay, dtype, rng, allow_truncation=explicit))
     kw.update(fkw)
-    gamma, gform, lmbda, lform = _gamma_lmbda(draw, lay, dtype, rng, kw)
+    gform, lform = _gamma_lmbda(draw, lay, dtype, rng, kw)
     kw.update(lay.kw())
-
-    def expected():
-        rr, vv = to_rows(r, S, td), to_rows(v, S, td)
-        nv = _next_value_rows(explicit, nv_t, bv, vv, S, td)
-        g = coef_rows(0.99 if gamma is None else gamma, S, td)
-        lam = coef_rows(0.95 if lmbda is None else lmbda, S, td)
-        adv, tgt = oracle.gae(rr, vv, nv, to_rows(term, S, td), to_rows(done, S, td), g, lam)
-        return from_rows(adv, S, td), from_rows(tgt, S, td)
-
-    return Case("gae", (r, v), kw, expected, r, S, dtype, 2,
-                dict(layout=lay.kind, explicit=explicit, flags=fdesc, gamma=gform, lmbda=lform))
+    return Problem("gae", (r, v), kw,
+                   dict(layout=lay.kind, explicit=explicit, flags=fdesc, gamma=gform, lmbda=lform))
 
 
 @st.composite
@@ -698,24 +475,15 @@ def td_lambda_cases(draw, dtypes=None):
     dtype = draw(st.sampled_from(dtypes or FLOAT_DTYPES))
     lay = draw(layouts())
     rng = _rng(draw)
-    S, td = lay.shape, lay.td
-    r = _data(draw, rng, S, dtype)
-    nv_t = _data(draw, rng, S, dtype)
+    r = _data(draw, rng, lay.shape, dtype)
+    nv = _data(draw, rng, lay.shape, dtype)
     kw: dict[str, Any] = {}
-    fkw, done, term, fdesc = draw(flags(lay, dtype, rng, allow_truncation=True))
+    fkw, fdesc = draw(flags(lay, dtype, rng, allow_truncation=True))
     kw.update(fkw)
-    gamma, gform, lmbda, lform = _gamma_lmbda(draw, lay, dtype, rng, kw)
+    gform, lform = _gamma_lmbda(draw, lay, dtype, rng, kw)
     kw.update(lay.kw())
-
-    def expected():
-        g = coef_rows(0.99 if gamma is None else gamma, S, td)
-        lam = coef_rows(0.95 if lmbda is None else lmbda, S, td)
-        G = oracle.td_lambda_return(to_rows(r, S, td), to_rows(nv_t, S, td), to_rows(term, S, td),
-                                    to_rows(done, S, td), g, lam)
-        return (from_rows(G, S, td),)
-
-    return Case("td_lambda_return", (r, nv_t), kw, expected, r, S, dtype, 1,
-                dict(layout=lay.kind, flags=fdesc, gamma=gform, lmbda=lform))
+    return Problem("td_lambda_return", (r, nv), kw,
+                   dict(layout=lay.kind, flags=fdesc, gamma=gform, lmbda=lform))
 
 
 @st.composite
@@ -723,39 +491,20 @@ def discounted_return_cases(draw, dtypes=None):
     dtype = draw(st.sampled_from(dtypes or FLOAT_DTYPES))
     lay = draw(layouts())
     rng = _rng(draw)
-    S, td = lay.shape, lay.td
-    r = _data(draw, rng, S, dtype)
+    r = _data(draw, rng, lay.shape, dtype)
     kw: dict[str, Any] = {}
     mode = draw(st.sampled_from(["mc", "bootstrap", "next_values"]))
-    nv_t = bv = None
     if mode == "next_values":
-        nv_t = _data(draw, rng, S, dtype)
-        kw["next_values"] = nv_t
+        kw["next_values"] = _data(draw, rng, lay.shape, dtype)
     elif mode == "bootstrap":
-        bv = draw(bootstrap_value(lay, dtype, rng))
-        kw["bootstrap_value"] = bv
-    fkw, done, term, fdesc = draw(flags(lay, dtype, rng, allow_truncation=(mode == "next_values")))
+        kw["bootstrap_value"] = draw(bootstrap_value(lay, dtype, rng))
+    fkw, fdesc = draw(flags(lay, dtype, rng, allow_truncation=(mode == "next_values")))
     kw.update(fkw)
     gamma, gform = draw(coefficient(lay, dtype, rng, allow_default=True))
     if gamma is not None:
         kw["gamma"] = gamma
     kw.update(lay.kw())
-
-    def expected():
-        g = coef_rows(0.99 if gamma is None else gamma, S, td)
-        nv = None if nv_t is None else to_rows(nv_t, S, td)
-        if bv is not None:
-            carry = per_row(bv, S, td)
-        elif nv is not None:
-            carry = nv[:, -1] if nv.shape[1] else None
-        else:
-            carry = None
-        out = oracle.discounted_return(to_rows(r, S, td), to_rows(term, S, td),
-                                       to_rows(done, S, td), g, next_values=nv, carry=carry)
-        return (from_rows(out, S, td),)
-
-    return Case("discounted_return", (r,), kw, expected, r, S, dtype, 1,
-                dict(layout=lay.kind, mode=mode, flags=fdesc, gamma=gform))
+    return Problem("discounted_return", (r,), kw, dict(layout=lay.kind, mode=mode, flags=fdesc, gamma=gform))
 
 
 CLIP = st.one_of(st.sampled_from([1.0, 1.0, 0.5, 2.0, math.inf]), st.floats(0.05, 3.0))
@@ -780,83 +529,47 @@ def _off_policy_inputs(draw, dtypes, spreads):
 @st.composite
 def vtrace_cases(draw, dtypes=None):
     dtype, lay, rng, r, v, log_pi, log_mu = draw(_off_policy_inputs(dtypes, [0.0, 0.3, 1.0]))
-    S, td = lay.shape, lay.td
     kw: dict[str, Any] = {}
-    explicit, nv_t, bv = _next_value_form(draw, lay, dtype, rng, kw)
-    fkw, done, term, fdesc = draw(flags(lay, dtype, rng, allow_truncation=explicit))
+    explicit = _next_value_form(draw, lay, dtype, rng, kw)
+    fkw, fdesc = draw(flags(lay, dtype, rng, allow_truncation=explicit))
     kw.update(fkw)
-    gamma, gform, lmbda, lform = _gamma_lmbda(draw, lay, dtype, rng, kw)
+    gform, lform = _gamma_lmbda(draw, lay, dtype, rng, kw)
     clips = {}
     for name in ("rho_bar", "c_bar", "rho_bar_pg"):
         if draw(st.booleans()):
             clips[name] = float(draw(CLIP))
             kw[name] = clips[name]
     kw.update(lay.kw())
-
-    def expected():
-        rr, vv = to_rows(r, S, td), to_rows(v, S, td)
-        nv = _next_value_rows(explicit, nv_t, bv, vv, S, td)
-        g = coef_rows(0.99 if gamma is None else gamma, S, td)
-        lam = coef_rows(1.0 if lmbda is None else lmbda, S, td)
-        rho_bar = clips.get("rho_bar", 1.0)
-        c_bar = clips.get("c_bar", 1.0)
-        rho_bar_pg = clips.get("rho_bar_pg", rho_bar)
-        vs, pg = oracle.vtrace(rr, vv, nv, to_rows(log_pi, S, td), to_rows(log_mu, S, td),
-                               to_rows(term, S, td), to_rows(done, S, td), g, lam,
-                               rho_bar, c_bar, rho_bar_pg)
-        return from_rows(vs, S, td), from_rows(pg, S, td)
-
-    return Case("vtrace", (r, v, log_pi, log_mu), kw, expected, r, S, dtype, 2,
-                dict(layout=lay.kind, explicit=explicit, flags=fdesc, gamma=gform, lmbda=lform,
-                     clips=clips))
+    return Problem("vtrace", (r, v, log_pi, log_mu), kw,
+                   dict(layout=lay.kind, explicit=explicit, flags=fdesc, gamma=gform, lmbda=lform, clips=clips))
 
 
 @st.composite
 def retrace_cases(draw, dtypes=None):
     dtype, lay, rng, r, q, log_pi, log_mu = draw(_off_policy_inputs(dtypes, [0.0, 0.5, 1.5]))
-    S, td = lay.shape, lay.td
+    S = lay.shape
     kw: dict[str, Any] = {}
     form = draw(st.sampled_from(["expected", "full"]))
-    ev_t = pi_t = nq_t = None
     if form == "expected":
-        ev_t = _data(draw, rng, S, dtype)
-        kw["next_expected_q"] = ev_t
+        kw["next_expected_q"] = _data(draw, rng, S, dtype)
     else:
         A = draw(st.integers(1, 4))
         logits = rng.normal(size=tuple(S) + (A,))
         probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
         probs = probs / probs.sum(axis=-1, keepdims=True)
-        pi_t = make_tensor(probs, dtype, draw(layout_variant(len(S) + 1)))
-        nq_t = make_tensor(rng.uniform(-2, 2, size=tuple(S) + (A,)), dtype,
-                           draw(layout_variant(len(S) + 1)))
-        kw["next_pi"] = pi_t
-        kw["next_q"] = nq_t
-    fkw, done, term, fdesc = draw(flags(lay, dtype, rng, allow_truncation=True))
+        kw["next_pi"] = make_tensor(probs, dtype, draw(layout_variant(len(S) + 1)))
+        kw["next_q"] = make_tensor(rng.uniform(-2, 2, size=tuple(S) + (A,)), dtype,
+                                   draw(layout_variant(len(S) + 1)))
+    fkw, fdesc = draw(flags(lay, dtype, rng, allow_truncation=True))
     kw.update(fkw)
-    gamma, gform, lmbda, lform = _gamma_lmbda(draw, lay, dtype, rng, kw)
+    gform, lform = _gamma_lmbda(draw, lay, dtype, rng, kw)
     c_bar = None
     if draw(st.booleans()):
         c_bar = float(draw(CLIP))
         kw["c_bar"] = c_bar
     kw.update(lay.kw())
-
-    def expected():
-        g = coef_rows(0.99 if gamma is None else gamma, S, td)
-        lam = coef_rows(1.0 if lmbda is None else lmbda, S, td)
-        extra = {}
-        if ev_t is not None:
-            extra["next_expected_q"] = to_rows(ev_t, S, td)
-        else:
-            extra["next_pi"] = to_rows_actions(pi_t, S, td)
-            extra["next_q"] = to_rows_actions(nq_t, S, td)
-        out = oracle.retrace(to_rows(r, S, td), to_rows(q, S, td), to_rows(log_pi, S, td),
-                             to_rows(log_mu, S, td), to_rows(term, S, td), to_rows(done, S, td),
-                             g, lam, 1.0 if c_bar is None else c_bar, **extra)
-        return (from_rows(out, S, td),)
-
-    return Case("retrace", (r, q, log_pi, log_mu), kw, expected, r, S, dtype, 1,
-                dict(layout=lay.kind, form=form, flags=fdesc, gamma=gform, lmbda=lform,
-                     c_bar=c_bar))
+    return Problem("retrace", (r, q, log_pi, log_mu), kw,
+                   dict(layout=lay.kind, form=form, flags=fdesc, gamma=gform, lmbda=lform, c_bar=c_bar))
 
 
 @st.composite
@@ -867,7 +580,6 @@ def _trace_common(draw, dtypes):
     S, td = lay.shape, lay.td
     x = _data(draw, rng, S, dtype)
     kw: dict[str, Any] = {}
-    done_mask = None
     done_desc = "none"
     if draw(st.integers(0, 3)) > 0:
         # done covers x's leading dims up to at least the time dim
@@ -876,50 +588,26 @@ def _trace_common(draw, dtypes):
         done_arr, _, done_desc = draw_done_term(draw, rng, dshape, td)
         kind = draw(st.sampled_from(FLAG_KINDS))
         kw["done"] = make_flag_with_layout(done_arr, kind, dtype, draw(layout_variant(len(dshape))))
-        done_mask = align_leading(done_arr, len(S))
         done_desc = f"{done_desc}:{kind}:{dshape}"
-    init = None
     if draw(st.booleans()):
-        init = draw(bootstrap_value(lay, dtype, rng))
-        kw["initial"] = init
-    return dtype, lay, rng, x, kw, done_mask, init, done_desc
+        kw["initial"] = draw(bootstrap_value(lay, dtype, rng))
+    return dtype, lay, rng, x, kw, done_desc
 
 
 @st.composite
 def eligibility_cases(draw, dtypes=None):
-    dtype, lay, rng, x, kw, done_mask, init, ddesc = draw(_trace_common(dtypes))
-    S, td = lay.shape, lay.td
-    feat_from = td + 1
-    gamma, gform, lmbda, lform = _gamma_lmbda(draw, lay, dtype, rng, kw, feature_from=feat_from)
+    dtype, lay, rng, x, kw, ddesc = draw(_trace_common(dtypes))
+    gform, lform = _gamma_lmbda(draw, lay, dtype, rng, kw, feature_from=lay.td + 1)
     kw.update(lay.kw())
-
-    def expected():
-        g = coef_rows(0.99 if gamma is None else gamma, S, td)
-        lam = coef_rows(1.0 if lmbda is None else lmbda, S, td)
-        dn = np.zeros(S) if done_mask is None else done_mask
-        out = oracle.eligibility_trace(to_rows(x, S, td), to_rows(dn, S, td), g, lam,
-                                       None if init is None else per_row(init, S, td))
-        return (from_rows(out, S, td),)
-
-    return Case("eligibility_trace", (x,), kw, expected, x, S, dtype, 1,
-                dict(layout=lay.kind, done=ddesc, gamma=gform, lmbda=lform,
-                     initial=init is not None))
+    return Problem("eligibility_trace", (x,), kw,
+                   dict(layout=lay.kind, done=ddesc, gamma=gform, lmbda=lform, initial="initial" in kw))
 
 
 @st.composite
 def cumsum_cases(draw, dtypes=None):
-    dtype, lay, rng, x, kw, done_mask, init, ddesc = draw(_trace_common(dtypes))
-    S, td = lay.shape, lay.td
+    dtype, lay, rng, x, kw, ddesc = draw(_trace_common(dtypes))
     kw.update(lay.kw())
-
-    def expected():
-        dn = np.zeros(S) if done_mask is None else done_mask
-        out = oracle.episodic_cumsum(to_rows(x, S, td), to_rows(dn, S, td),
-                                     None if init is None else per_row(init, S, td))
-        return (from_rows(out, S, td),)
-
-    return Case("episodic_cumsum", (x,), kw, expected, x, S, dtype, 1,
-                dict(layout=lay.kind, done=ddesc, initial=init is not None))
+    return Problem("episodic_cumsum", (x,), kw, dict(layout=lay.kind, done=ddesc, initial="initial" in kw))
 
 
 @st.composite
@@ -944,30 +632,19 @@ def affine_cases(draw, dtypes=None):
         barr = np.where(rng.random(bshape) < 0.2, 0.0, barr)
     beta = make_tensor(barr, dtype, draw(layout_variant(len(bshape))))
     if bform == "per_row" and draw(st.booleans()):
-        # alpha per-row, beta full: output shape is beta's
+        # alpha per-row, beta full: the output has beta's shape; its layout follows alpha, which
+        # a broadcast alpha leaves unspecified
         alpha = make_tensor(rng.uniform(-2, 2, size=bshape), dtype, ("contiguous", None))
         beta = _data(draw, rng, S, dtype)
-        like = alpha  # layout follows alpha; a broadcast alpha leaves the layout unspecified
-    else:
-        like = alpha
     reverse = draw(st.sampled_from([True, False, None]))
     kw: dict[str, Any] = {}
     if reverse is not None:
         kw["reverse"] = reverse
-    init = None
     if draw(st.booleans()):
-        init = draw(bootstrap_value(lay, dtype, rng))
-        kw["initial"] = init
+        kw["initial"] = draw(bootstrap_value(lay, dtype, rng))
     kw.update(lay.kw())
-
-    def expected():
-        y = oracle.affine_scan(to_rows(alpha, S, td), to_rows(beta, S, td),
-                               reverse=True if reverse is None else reverse,
-                               initial=None if init is None else per_row(init, S, td))
-        return (from_rows(y, S, td),)
-
-    return Case("affine_scan", (alpha, beta), kw, expected, like, S, dtype, 1,
-                dict(layout=lay.kind, beta=bform, reverse=reverse, initial=init is not None))
+    return Problem("affine_scan", (alpha, beta), kw,
+                   dict(layout=lay.kind, beta=bform, reverse=reverse, initial="initial" in kw))
 
 
 ALL_CASES = {

@@ -1,5 +1,5 @@
 """Autograd: torch.autograd.gradcheck (float64, small shapes) for every public function, w.r.t.
-every float tensor input (api_decisions 12), plus gradgradcheck.
+every float tensor input (docs/semantics.md section 10), plus gradgradcheck.
 
 Backends: torch and cpu (numba) always, with gradgradcheck; triton when usable (CUDA, or
 TRITON_INTERPRET=1 before import), first order only (the interpreter is slow)."""

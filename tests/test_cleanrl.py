@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-import oracle
 from rl_triton.core import kernels
 from rl_triton.integrations.cleanrl import compute_gae, compute_gae_truncated
+from rl_triton.testing import reference
 
 BACKENDS = ["cpu", "torch"] + (["triton"] if kernels.AVAILABLE and kernels.INTERPRET else [])
 
@@ -65,9 +65,9 @@ def test_truncated_variant_matches_oracle():
     terms = torch.rand(T, N, generator=g) < 0.1
     truncs = (torch.rand(T, N, generator=g) < 0.1) & ~terms
     adv, ret = compute_gae_truncated(rewards, values, next_values, terms, truncs, 0.99, 0.95)
-    ref, _ = oracle.gae(rewards.T.numpy(), values.T.numpy(), next_values.T.numpy(), terms.T.numpy(),
-                        (terms | truncs).T.numpy(), np.full((N, T), 0.99), np.full((N, T), 0.95))
-    np.testing.assert_allclose(adv.T.numpy(), ref, rtol=1e-12, atol=1e-12)
+    ref, _ = reference("gae", (rewards, values), dict(next_values=next_values, terminated=terms, truncated=truncs,
+                                                      gamma=0.99, lmbda=0.95, time_dim=0))
+    np.testing.assert_allclose(adv.numpy(), ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(ret, adv + values)
 
 

@@ -15,17 +15,17 @@ import numpy as np
 import pytest
 import torch
 
-import oracle
 import rl_triton
 from rl_triton.core import cpu
+from rl_triton.testing import reference
 
 pytestmark = pytest.mark.skipif(not cpu.AVAILABLE, reason="needs numba")
 
 _BUILD = textwrap.dedent("""
     import sys
     import numpy as np
-    from rl_triton.core import cpu
-    kernel = cpu._kernel(cpu.KERNELS["affine_scan"], cpu._KINDS["affine_scan"], np.dtype(np.float64),
+    from rl_triton.core import cpu, spec
+    kernel = cpu._kernel(cpu.affine_scan, (*spec.AFFINE_SCAN.kinds, "o2"), np.dtype(np.float64),
                          sys.argv[1] == "parallel")
     print(sum(kernel.stats.cache_hits.values()))
 """)
@@ -85,25 +85,18 @@ def test_episode_starts_gae_matches_oracle(dtype, layout, R, T, monkeypatch):
     starts[0, 0] = True
     last = torch.rand(R, generator=g) < 0.5
     boot = torch.randn(R, generator=g, dtype=torch.float64)
-    gamma, lmbda = 0.97, 0.9
+    kw = dict(bootstrap_value=boot.to(dtype), gamma=0.97, lmbda=0.9)
     if layout == "time-major":  # CleanRL's (T, N) tensors with float flags
-        got, tgt = rl_triton.gae(r.t().contiguous().to(dtype), v.t().contiguous().to(dtype),
-                                 bootstrap_value=boot.to(dtype), episode_starts=starts.t().contiguous().float(),
-                                 last_done=last.float(), gamma=gamma, lmbda=lmbda, time_dim=0, backend="cpu")
-        got, tgt = got.t(), tgt.t()
+        args = r.t().contiguous().to(dtype), v.t().contiguous().to(dtype)
+        kw.update(episode_starts=starts.t().contiguous().float(), last_done=last.float(), time_dim=0)
     else:
-        got, tgt = rl_triton.gae(r.to(dtype), v.to(dtype), bootstrap_value=boot.to(dtype), episode_starts=starts,
-                                 last_done=last, gamma=gamma, lmbda=lmbda, backend="cpu")
+        args = r.to(dtype), v.to(dtype)
+        kw.update(episode_starts=starts, last_done=last)
+    got = rl_triton.gae(*args, **kw, backend="cpu")
     assert taken and taken[0] is not None
-    # Python-number coefficients apply in the compute dtype (docs/semantics.md)
-    gam, lam = (float(torch.tensor(x, dtype=dtype)) for x in (gamma, lmbda))
-    done = torch.cat([starts[:, 1:], last[:, None]], 1).numpy()
-    rn, vn = r.to(dtype).double().numpy(), v.to(dtype).double().numpy()
-    want, want_tgt = oracle.gae(rn, vn, oracle.implied_next_values(vn, boot.to(dtype).double().numpy()), done, done,
-                                np.full((R, T), gam), np.full((R, T), lam))
     tol = 1e-12 if dtype == torch.float64 else 1e-5
-    np.testing.assert_allclose(got.double().numpy(), want, rtol=tol, atol=tol)
-    np.testing.assert_allclose(tgt.double().numpy(), want_tgt, rtol=tol, atol=tol)
+    for g_, w in zip(got, reference("gae", args, kw)):
+        np.testing.assert_allclose(g_.double().numpy(), w, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("dtypes", [(torch.bool, torch.bool), (torch.float32, torch.bool), (torch.uint8, torch.int64),

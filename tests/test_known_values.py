@@ -1,21 +1,22 @@
 """Hand-computed small cases, one block per algorithm.
 
-Every expected number below was worked out by hand from DESIGN.md section 2 (arithmetic in
-the comments); inputs are dyadic so float32 holds them exactly.  Each case runs on every
-backend and in three layouts of the same single row: 1-D [T], batch-major [1, T] and
-time-major [T, 1] (time_dim=0).  The same cases are also fed to the oracle, which checks the
-oracle itself.
+Every expected number below was worked out by hand from the formulas of docs/semantics.md
+section 6 (arithmetic in the comments); inputs are dyadic so float32 holds them exactly.  Each
+case runs on every backend and in three layouts of the same single row: 1-D [T], batch-major
+[1, T] and time-major [T, 1] (time_dim=0).  The same cases are also fed to the oracle, which
+checks the oracle itself.
 """
 
 from __future__ import annotations
 
+import ast
 import math
 
 import numpy as np
 import pytest
 import torch
 
-import oracle
+from rl_triton.testing import oracle
 
 LAYOUTS = ["1d", "batch_major", "time_major"]
 DTYPES = [torch.float64, torch.float32]
@@ -478,3 +479,14 @@ def test_affine_scan_oracle_known():
     a, b = _o([1, 2, 3]), _full(0.5, 3)
     np.testing.assert_allclose(oracle.affine_scan(a, b, True, [4.0])[0], AS_REV)
     np.testing.assert_allclose(oracle.affine_scan(a, b, False, [4.0])[0], AS_FWD)
+
+
+def test_oracle_is_independent_of_the_library():
+    """The oracle imports numpy and the standard library only, never rl_triton."""
+    with open(oracle.__file__) as f:
+        tree = ast.parse(f.read())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] if node.level == 0 else "." for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom)}
+    assert imported <= {"__future__", "math", "numpy"}, imported

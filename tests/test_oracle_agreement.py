@@ -17,19 +17,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import oracle
-from helpers import (
-    ALL_CASES,
-    assert_layout,
-    assert_matches,
-    check_case,
-    expected_for,
-    from_rows,
-    make_tensor,
-    n_examples,
-    reference,
-    to_rows,
-)
+from helpers import ALL_CASES, assert_layout, assert_matches, check_case, make_tensor, n_examples
+from rl_triton.testing import make, oracle, reference
+from rl_triton.testing.catalog import from_rows, to_rows
 
 # examples per (function, backend); ~2 backends x 8 functions x ~200 = thousands per run
 EXAMPLES = {
@@ -57,28 +47,28 @@ def _run(strategy, n, body):
 @pytest.mark.parametrize("name", list(ALL_CASES))
 def test_matches_oracle(name, backend, rt):
     n = TRITON_EXAMPLES if backend == "triton" else EXAMPLES[name]
-    _run(ALL_CASES[name](), n_examples(n), lambda case: check_case(case, rt, backend))
+    _run(ALL_CASES[name](), n_examples(n), lambda case: check_case(case, backend))
 
 
 @pytest.mark.parametrize("name", list(ALL_CASES))
 def test_matches_oracle_float64_exact(name, cpu_backend, rt):
     """float64 only, so that every example exercises the tight 1e-9 tolerance."""
     _run(ALL_CASES[name](dtypes=[torch.float64]), n_examples(40),
-         lambda case: check_case(case, rt, cpu_backend))
+         lambda case: check_case(case, cpu_backend))
 
 
 @pytest.mark.parametrize("name", list(ALL_CASES))
 def test_default_backend_matches_oracle(name, rt, monkeypatch):
     """backend=None / 'auto' (and the RL_TRITON_BACKEND variable) pick a working CPU path."""
     monkeypatch.delenv("RL_TRITON_BACKEND", raising=False)
-    _run(ALL_CASES[name](), n_examples(15), lambda case: check_case(case, rt, None))
-    _run(ALL_CASES[name](), n_examples(10), lambda case: check_case(case, rt, "auto"))
+    _run(ALL_CASES[name](), n_examples(15), lambda case: check_case(case, None))
+    _run(ALL_CASES[name](), n_examples(10), lambda case: check_case(case, "auto"))
 
 
 @pytest.mark.parametrize("env_backend", ["torch", "cpu", "auto"])
 def test_env_var_backend(env_backend, rt, monkeypatch):
     monkeypatch.setenv("RL_TRITON_BACKEND", env_backend)
-    _run(ALL_CASES["gae"](), n_examples(10), lambda case: check_case(case, rt, None))
+    _run(ALL_CASES["gae"](), n_examples(10), lambda case: check_case(case, None))
 
 
 # --------------------------------------------------------------------------------------
@@ -176,20 +166,15 @@ def test_longer_rows(T, backend, rt):
     for dtype in (torch.float64, torch.float32):
         a = torch.tensor(a_np, dtype=dtype)
         b = torch.tensor(b_np, dtype=dtype)
-        a_r, b_r = a.double().numpy(), b.double().numpy()
         i = torch.tensor(init, dtype=dtype)
         for reverse in (True, False):
-            y = rt.affine_scan(a, b, reverse=reverse, initial=i, backend=backend)
-            ref = oracle.affine_scan(a_r, b_r, reverse=reverse, initial=i.double().numpy())
+            kw = dict(reverse=reverse, initial=i)
+            y = rt.affine_scan(a, b, **kw, backend=backend)
+            (ref,) = reference("affine_scan", (a, b), kw)
             assert_matches(y, ref, dtype, what=f"affine_scan T={T} reverse={reverse}")
-        done = rng.random((N, T)) < 0.02
-        r = torch.tensor(a_np, dtype=dtype)
-        v = torch.tensor(b_np, dtype=dtype)
-        adv, _ = rt.gae(r, v, done=torch.tensor(done), gamma=0.99, lmbda=0.95, backend=backend)
-        ref_adv, _ = oracle.gae(r.double().numpy(), v.double().numpy(),
-                                oracle.implied_next_values(v.double().numpy()), done, done,
-                                np.full((N, T), 0.99), np.full((N, T), 0.95))
-        assert_matches(adv, ref_adv, dtype, what=f"gae T={T}")
+        kw = dict(done=torch.tensor(rng.random((N, T)) < 0.02), gamma=0.99, lmbda=0.95)
+        adv, _ = rt.gae(a, b, **kw, backend=backend)
+        assert_matches(adv, reference("gae", (a, b), kw)[0], dtype, what=f"gae T={T}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
@@ -199,8 +184,7 @@ def test_many_short_rows(dtype, backend, rt):
     x = make_tensor(rng.uniform(-1, 1, (N, T)), dtype)
     done = torch.tensor(rng.random((N, T)) < 0.2)
     out = rt.episodic_cumsum(x, done=done, backend=backend)
-    ref = oracle.episodic_cumsum(x.double().numpy(), done.numpy())
-    assert_matches(out, ref, dtype)
+    assert_matches(out, reference("episodic_cumsum", (x,), dict(done=done))[0], dtype)
 
 
 def test_eligibility_feature_dims_broadcast_done(backend, rt):
@@ -238,61 +222,27 @@ def test_gamma_forms_equivalent(backend, rt):
         torch.testing.assert_close(o, outs[0], rtol=1e-12, atol=1e-12)
 
 
-COEF_FUNCS = {
-    "gae": lambda rt, a, b, kw: rt.gae(a, b, **kw),
-    "td_lambda_return": lambda rt, a, b, kw: rt.td_lambda_return(a, b, **kw),
-    "vtrace": lambda rt, a, b, kw: rt.vtrace(a, b, 0.5 * a, 0.5 * b, **kw),
-    "retrace": lambda rt, a, b, kw: rt.retrace(a, b, 0.5 * a, 0.5 * b, next_expected_q=a, **kw),
-    "eligibility_trace": lambda rt, a, b, kw: rt.eligibility_trace(a, **kw),
-}
-
-
-@pytest.mark.parametrize("name", list(COEF_FUNCS))
+@pytest.mark.parametrize("name", ["gae", "td_lambda_return", "vtrace", "retrace", "eligibility_trace"])
 @pytest.mark.parametrize("data_dtype,coef_dtype", [(torch.float32, torch.bfloat16),
                                                    (torch.float64, torch.float32),
                                                    (torch.float32, torch.float16)])
 @pytest.mark.parametrize("which", ["gamma", "lmbda"])
 def test_low_precision_coefficient_tensor_keeps_float_precision(name, data_dtype, coef_dtype,
                                                                 which, backend, rt):
-    """api 9: a gamma/lmbda tensor may have any float dtype.  A lmbda (gamma) tensor holding
-    exactly 1.0 in a lower precision must not drag the python-float gamma (lambda) down to that
-    precision: the result equals the all-python-float call (accumulation in float32, float64
-    for float64)."""
-    rng = np.random.default_rng(17)
-    N, T = 2, 40
-    a = torch.tensor(rng.uniform(0, 1, (N, T)), dtype=data_dtype)
-    b = torch.tensor(rng.uniform(0, 1, (N, T)), dtype=data_dtype)
+    """A gamma/lmbda tensor may have any float dtype (docs/semantics.md section 1).  A lmbda
+    (gamma) tensor holding exactly 1.0 in a lower precision must not drag the python-float gamma
+    (lambda) down to that precision: the result equals the all-python-float call (accumulation
+    in float32, float64 for float64)."""
+    problem = make(name, (2, 40), "plain", dtype=data_dtype, seed=17)
     other = "lmbda" if which == "gamma" else "gamma"
-    ref = COEF_FUNCS[name](rt, a, b, {which: 1.0, other: 0.99, "backend": backend})
-    out = COEF_FUNCS[name](rt, a, b, {which: torch.tensor(1.0, dtype=coef_dtype), other: 0.99,
-                                      "backend": backend})
-    ref = ref if isinstance(ref, tuple) else (ref,)
-    out = out if isinstance(out, tuple) else (out,)
+    ref = problem.call(backend, **{which: 1.0, other: 0.99})
+    out = problem.call(backend, **{which: torch.tensor(1.0, dtype=coef_dtype), other: 0.99})
     tol = 1e-12 if data_dtype == torch.float64 else 1e-6
     for o, e in zip(out, ref):
         torch.testing.assert_close(o, e, rtol=tol, atol=tol * max(1.0, float(e.abs().max())))
 
 
 TINY = [1e-40, 5e-324]  # a float32 subnormal and the smallest float64 subnormal
-
-
-def _simple_call(name, dtype, seed=0, N=2, T=6):
-    """(args, kwargs) of a plain call: [N, T] inputs, a done at t=2 in row 0."""
-    rng = np.random.default_rng(seed)
-    t = lambda: torch.tensor(rng.uniform(-1, 1, (N, T)), dtype=dtype)  # noqa: E731
-    done = torch.zeros(N, T, dtype=torch.bool)
-    done[0, 2] = True
-    if name in ("gae", "td_lambda_return"):
-        return (t(), t()), {"done": done}
-    if name == "discounted_return":
-        return (t(),), {"done": done}
-    if name == "vtrace":
-        return (t(), t(), t(), t()), {"done": done}
-    if name == "retrace":
-        return (t(), t(), t(), t()), {"done": done, "next_expected_q": t()}
-    if name in ("eligibility_trace", "episodic_cumsum"):
-        return (t(),), {"done": done}
-    return (t(), t()), {}
 
 
 @pytest.mark.parametrize("name", ["gae", "td_lambda_return", "discounted_return", "vtrace",
@@ -305,25 +255,9 @@ def test_tiny_python_float_coefficients(name, dtype, which, tiny, backend, rt):
     (they act as 0 up to rounding)."""
     if which == "lmbda" and name == "discounted_return":
         pytest.skip("no lmbda")
-    args, kw = _simple_call(name, dtype)
-    kw[which] = tiny
-    out = getattr(rt, name)(*args, **kw, backend=backend)
-    outs = out if isinstance(out, tuple) else (out,)
-    for i, (o, e) in enumerate(zip(outs, reference(name, args, kw))):
+    problem = make(name, (2, 6), "done", dtype=dtype, **{which: tiny})
+    for i, (o, e) in enumerate(zip(problem.call(backend), problem.expected())):
         assert_matches(o, e, dtype, what=f"{name} output {i} with {which}={tiny!r}")
-
-
-@pytest.mark.parametrize("name", list(ALL_CASES))
-def test_reference_adapter_agrees_with_strategy_expectation(name):
-    """Oracle-only: the kwargs-driven reference (api rules applied to the call) equals the
-    expectation each strategy derived from the masks it drew."""
-    @settings(max_examples=n_examples(60))
-    @given(case=ALL_CASES[name](dtypes=[torch.float64]))
-    def inner(case):
-        for a, b in zip(case.expected(), expected_for(case)()):
-            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
-
-    inner()
 
 
 def test_flag_dtypes_equivalent(backend, rt):
@@ -353,8 +287,8 @@ def test_backends_agree_float64(rt):
     @settings(max_examples=n_examples(30))
     @given(case=ALL_CASES["vtrace"](dtypes=[torch.float64]))
     def inner(case):
-        a = case.call(rt, "torch")
-        b = case.call(rt, "cpu")
+        a = case.call("torch")
+        b = case.call("cpu")
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)
 
@@ -418,19 +352,13 @@ def test_cpu_gae_row_blocks_for_time_major_memory(flags, rt, monkeypatch):
     term = torch.rand(T, N, generator=g) < 0.05
     trunc = (torch.rand(T, N, generator=g) < 0.05) & ~term
     boot = torch.randn(N, generator=g, dtype=torch.float64)
-    gam, lam = np.full((N, T), 0.99), np.full((N, T), 0.95)
-    vn = v.T.numpy()
     if flags == "done":
-        got = rt.gae(r, v, bootstrap_value=boot, done=term, time_dim=0, backend="cpu")[0]
-        want = oracle.gae(r.T.numpy(), vn, oracle.implied_next_values(vn, boot.numpy()), term.T.numpy(),
-                          term.T.numpy(), gam, lam)[0]
+        kw = dict(bootstrap_value=boot, done=term)
     elif flags == "terminated_truncated":
-        got = rt.gae(r, v, next_values=nv, terminated=term, truncated=trunc, time_dim=0, backend="cpu")[0]
-        want = oracle.gae(r.T.numpy(), vn, nv.T.numpy(), term.T.numpy(), (term | trunc).T.numpy(), gam, lam)[0]
+        kw = dict(next_values=nv, terminated=term, truncated=trunc)
     else:
         starts = torch.cat([torch.zeros(1, N, dtype=torch.bool), term[:-1]], 0)
-        got = rt.gae(r, v, bootstrap_value=boot, episode_starts=starts, last_done=term[-1], time_dim=0,
-                     backend="cpu")[0]
-        want = oracle.gae(r.T.numpy(), vn, oracle.implied_next_values(vn, boot.numpy()), term.T.numpy(),
-                          term.T.numpy(), gam, lam)[0]
-    np.testing.assert_allclose(got.T.numpy(), want, rtol=1e-12, atol=1e-12)
+        kw = dict(bootstrap_value=boot, episode_starts=starts, last_done=term[-1])
+    got = rt.gae(r, v, **kw, time_dim=0, backend="cpu")[0]
+    want = reference("gae", (r, v), dict(kw, time_dim=0))[0]
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)

@@ -1,7 +1,8 @@
 """The premise of the engine's mirrored lanes, checked on the compiler's output: a reverse scan
 over mirrored runs keeps its vector loads, needs no shared memory, and emits fewer warp shuffles
-than ``associative_scan(reverse=True)`` (benchmarks/scan_ptx.py compiles both to sm_90 PTX; no
-GPU needed, but not under the interpreter, so it runs in a subprocess without it)."""
+than ``associative_scan(reverse=True)`` (rl_triton/testing/lowering.py compiles both to sm_90 PTX;
+no GPU needed, but not under the interpreter, so it runs in a subprocess without it; that
+subprocess loads the module by its file path, which needs triton but not torch)."""
 
 import json
 import os
@@ -14,10 +15,11 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 triton = pytest.importorskip("triton")
 
 CODE = """
-import json, sys
-sys.path.insert(0, "benchmarks")
-import scan_ptx
-print(json.dumps({mode: scan_ptx.counts(1, 256, 1, mode) for mode in (0, 1)}))
+import importlib.util, json
+spec = importlib.util.spec_from_file_location("lowering", "rl_triton/testing/lowering.py")
+lowering = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lowering)
+print(json.dumps({mode: lowering.counts(1, 256, 1, mode) for mode in (0, 1)}))
 """
 
 

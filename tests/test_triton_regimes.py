@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-import oracle
-import rl_triton as rt
+from rl_triton.testing import make
 
 kernels = pytest.importorskip("rl_triton.core.kernels")
 pytestmark = pytest.mark.skipif(
@@ -23,89 +22,28 @@ PLANS = {
     "split time, 2 chunks per segment": dict(block_t=2, block_r=2, n_seg=3),
     "split time, 1 chunk per segment": dict(block_t=4, block_r=4, n_seg=4),
 }
-G, L = 0.9, 0.8  # exact in float64, the dtype used here
-
-
-def _case(seed, T=T):
-    g = torch.Generator().manual_seed(seed)
-    x = {k: torch.randn(R, T, generator=g, dtype=torch.float64) for k in ("r", "v", "nv", "lp", "lm")}
-    x["lp"], x["lm"] = 0.4 * x["lp"], 0.4 * x["lm"]
-    x["term"] = torch.rand(R, T, generator=g) < 0.15
-    x["trunc"] = (torch.rand(R, T, generator=g) < 0.15) & ~x["term"]
-    x["term"][0, -1] = True
-    x["trunc"][1, 0] = True
-    x["boot"] = torch.randn(R, generator=g, dtype=torch.float64)
-    x["pi"] = torch.softmax(torch.randn(R, T, 3, generator=g, dtype=torch.float64), -1)
-    x["nq"] = torch.randn(R, T, 3, generator=g, dtype=torch.float64)
-    x["beta"] = torch.rand(R, T, generator=g, dtype=torch.float64)
-    return {k: v.to(DEVICE) for k, v in x.items()}
-
-
-def _np(t):
-    return t.detach().cpu().numpy()
-
-
+G, L = 0.9, 0.8
+# name -> (function, catalog variant, other keyword arguments)
 ALGOS = {
-    "gae": (
-        lambda x: rt.gae(x["r"], x["v"], bootstrap_value=x["boot"], terminated=x["term"], gamma=G, lmbda=L,
-                         backend="triton"),
-        lambda x, g, l: oracle.gae(_np(x["r"]), _np(x["v"]), oracle.implied_next_values(_np(x["v"]), _np(x["boot"])),
-                                   _np(x["term"]), _np(x["term"]), g, l),
-    ),
-    "gae_truncated": (
-        lambda x: rt.gae(x["r"], x["v"], next_values=x["nv"], terminated=x["term"], truncated=x["trunc"], gamma=G,
-                         lmbda=L, backend="triton"),
-        lambda x, g, l: oracle.gae(_np(x["r"]), _np(x["v"]), _np(x["nv"]), _np(x["term"]),
-                                   _np(x["term"] | x["trunc"]), g, l),
-    ),
-    "td_lambda": (
-        lambda x: rt.td_lambda_return(x["r"], x["nv"], done=x["term"] | x["trunc"], terminated=x["term"], gamma=G,
-                                      lmbda=L, backend="triton"),
-        lambda x, g, l: (oracle.td_lambda_return(_np(x["r"]), _np(x["nv"]), _np(x["term"]),
-                                                 _np(x["term"] | x["trunc"]), g, l),),
-    ),
-    "discounted": (
-        lambda x: rt.discounted_return(x["r"], terminated=x["term"], truncated=x["trunc"], next_values=x["nv"],
-                                       gamma=G, backend="triton"),
-        lambda x, g, l: (oracle.discounted_return(_np(x["r"]), _np(x["term"]), _np(x["term"] | x["trunc"]), g,
-                                                  next_values=_np(x["nv"]), carry=_np(x["nv"])[:, -1]),),
-    ),
-    "vtrace": (
-        lambda x: rt.vtrace(x["r"], x["v"], x["lp"], x["lm"], next_values=x["nv"], terminated=x["term"],
-                            truncated=x["trunc"], gamma=G, lmbda=L, rho_bar=1.2, c_bar=0.9, backend="triton"),
-        lambda x, g, l: oracle.vtrace(_np(x["r"]), _np(x["v"]), _np(x["nv"]), _np(x["lp"]), _np(x["lm"]),
-                                      _np(x["term"]), _np(x["term"] | x["trunc"]), g, l, 1.2, 0.9, 1.2),
-    ),
-    "vtrace_implied": (
-        lambda x: rt.vtrace(x["r"], x["v"], x["lp"], x["lm"], bootstrap_value=x["boot"], done=x["term"], gamma=G,
-                            lmbda=L, backend="triton"),
-        lambda x, g, l: oracle.vtrace(_np(x["r"]), _np(x["v"]), oracle.implied_next_values(_np(x["v"]), _np(x["boot"])),
-                                      _np(x["lp"]), _np(x["lm"]), _np(x["term"]), _np(x["term"]), g, l, 1.0, 1.0, 1.0),
-    ),
-    "retrace": (
-        lambda x: rt.retrace(x["r"], x["v"], x["lp"], x["lm"], next_pi=x["pi"], next_q=x["nq"], terminated=x["term"],
-                             truncated=x["trunc"], gamma=G, lmbda=L, c_bar=0.9, backend="triton"),
-        lambda x, g, l: (oracle.retrace(_np(x["r"]), _np(x["v"]), _np(x["lp"]), _np(x["lm"]), _np(x["term"]),
-                                        _np(x["term"] | x["trunc"]), g, l, 0.9, next_pi=_np(x["pi"]),
-                                        next_q=_np(x["nq"])),),
-    ),
-    "eligibility_trace": (
-        lambda x: rt.eligibility_trace(x["r"], done=x["term"], gamma=G, lmbda=L, initial=x["boot"], backend="triton"),
-        lambda x, g, l: (oracle.eligibility_trace(_np(x["r"]), _np(x["term"]), g, l, initial=_np(x["boot"])),),
-    ),
-    "episodic_cumsum": (
-        lambda x: rt.episodic_cumsum(x["r"], done=x["term"], initial=x["boot"], backend="triton"),
-        lambda x, g, l: (oracle.episodic_cumsum(_np(x["r"]), _np(x["term"]), initial=_np(x["boot"])),),
-    ),
-    "affine_scan_reverse": (
-        lambda x: rt.affine_scan(x["r"], x["beta"], initial=x["boot"], backend="triton"),
-        lambda x, g, l: (oracle.affine_scan(_np(x["r"]), _np(x["beta"]), reverse=True, initial=_np(x["boot"])),),
-    ),
-    "affine_scan_forward": (
-        lambda x: rt.affine_scan(x["r"], x["beta"], reverse=False, initial=x["boot"], backend="triton"),
-        lambda x, g, l: (oracle.affine_scan(_np(x["r"]), _np(x["beta"]), reverse=False, initial=_np(x["boot"])),),
-    ),
+    "gae": ("gae", "terminated+bootstrap", {}),
+    "gae_truncated": ("gae", "gym", {}),
+    "td_lambda": ("td_lambda_return", "torchrl", {}),
+    "discounted": ("discounted_return", "gym", {}),
+    "vtrace": ("vtrace", "gym", dict(rho_bar=1.2, c_bar=0.9)),
+    "vtrace_implied": ("vtrace", "done+bootstrap", {}),
+    "retrace": ("retrace", "pairs", dict(c_bar=0.9)),
+    "eligibility_trace": ("eligibility_trace", "done+initial", {}),
+    "episodic_cumsum": ("episodic_cumsum", "done+initial", {}),
+    "affine_scan_reverse": ("affine_scan", "reverse", {}),
+    "affine_scan_forward": ("affine_scan", "forward", {}),
 }
+
+
+def _problem(algo, seed, dtype=torch.float64, T=T):
+    """15% of the steps terminate and 15% truncate, besides the catalog's edge flags."""
+    fn, variant, kw = ALGOS[algo]
+    return make(fn, (R, T), variant, dtype=dtype, device=DEVICE, seed=seed, p_term=0.15, p_trunc=0.15, gamma=G,
+                lmbda=L, **kw)
 
 
 @pytest.mark.parametrize("plan", list(PLANS), ids=list(PLANS))
@@ -115,16 +53,12 @@ def test_regime_matches_oracle(algo, plan):
 
 
 def _assert_matches_oracle(algo, plan, seed, dtype=torch.float64, T=T):
-    run, ref = ALGOS[algo]
-    x = {k: v.to(dtype) if v.is_floating_point() else v for k, v in _case(seed, T).items()}
+    problem = _problem(algo, seed, dtype, T)
     with kernels.forced_plan(**(PLANS[plan] if isinstance(plan, str) else plan)):
-        got = run(x)
-    got = got if isinstance(got, tuple) else (got,)
-    want = ref({k: v.double() if v.is_floating_point() else v for k, v in x.items()},
-               np.full((R, T), G), np.full((R, T), L))
+        got = problem.call("triton")
     tol = 1e-10 if dtype == torch.float64 else 1e-5
-    for g_, w in zip(got, want):
-        np.testing.assert_allclose(_np(g_.double()), w, rtol=tol, atol=tol)
+    for g_, w in zip(got, problem.expected()):
+        np.testing.assert_allclose(g_.double().cpu().numpy(), w, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
@@ -181,7 +115,6 @@ def test_input_streams_reach_the_plan(monkeypatch):
     real = kernels.plan
     monkeypatch.setattr(kernels, "plan", lambda *a: seen.append(a[-1]) or real(*a))
     monkeypatch.setattr(kernels, "_launches", {})
-    x = _case(seed=1)
-    ALGOS["retrace"][0](x)
-    ALGOS["gae"][0](x)
+    _problem("retrace", seed=1).call("triton")
+    _problem("gae", seed=1).call("triton")
     assert seen == [6, 2]  # rewards, q, two log-probabilities, next_pi, next_q; rewards, values

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import oracle
+from rl_triton.testing import make, oracle
 
 F64 = torch.float64
 N, T = 3, 5
@@ -25,28 +25,11 @@ def _flags(seed=0, p=0.3, shape=(N, T)):
     return torch.rand(*shape, generator=g) < p
 
 
-def base_inputs(name, dtype=F64, shape=(N, T)):
-    """(args, kwargs) of a valid call to function `name`."""
-    if name == "gae":
-        return (_t(*shape, seed=1, dtype=dtype), _t(*shape, seed=2, dtype=dtype)), {}
-    if name == "td_lambda_return":
-        return (_t(*shape, seed=1, dtype=dtype), _t(*shape, seed=2, dtype=dtype)), {}
-    if name == "discounted_return":
-        return (_t(*shape, seed=1, dtype=dtype),), {}
-    if name == "vtrace":
-        return (_t(*shape, seed=1, dtype=dtype), _t(*shape, seed=2, dtype=dtype),
-                _t(*shape, seed=3, dtype=dtype), _t(*shape, seed=4, dtype=dtype)), {}
-    if name == "retrace":
-        return (_t(*shape, seed=1, dtype=dtype), _t(*shape, seed=2, dtype=dtype),
-                _t(*shape, seed=3, dtype=dtype), _t(*shape, seed=4, dtype=dtype)), \
-            {"next_expected_q": _t(*shape, seed=5, dtype=dtype)}
-    if name == "eligibility_trace":
-        return (_t(*shape, seed=1, dtype=dtype),), {}
-    if name == "episodic_cumsum":
-        return (_t(*shape, seed=1, dtype=dtype),), {}
-    if name == "affine_scan":
-        return (_t(*shape, seed=1, dtype=dtype), _t(*shape, seed=2, dtype=dtype, low=0.0)), {}
-    raise KeyError(name)
+def base_inputs(name, dtype=F64, shape=(N, T), time_dim=-1):
+    """(args, kwargs) of a valid call to function `name`: the catalog's plain variant (no
+    flags, every hyperparameter left to its default)."""
+    problem = make(name, shape, "plain", dtype=dtype, time_dim=time_dim)
+    return problem.args, problem.kwargs
 
 
 ALL = ["gae", "td_lambda_return", "discounted_return", "vtrace", "retrace", "eligibility_trace",
@@ -153,7 +136,7 @@ def test_mismatched_dtype_log_probs(name, which, cpu_backend, rt):
 
 
 def test_gamma_tensor_may_have_other_float_dtype(cpu_backend, rt):
-    """api 9: gamma/lmbda tensors may be any float dtype."""
+    """gamma/lmbda tensors may have any float dtype (docs/semantics.md section 1)."""
     r, v = _t(N, T, seed=1, dtype=torch.float32), _t(N, T, seed=2, dtype=torch.float32)
     a = rt.gae(r, v, gamma=torch.full((N, T), 0.5, dtype=F64),
                lmbda=torch.tensor(0.5, dtype=torch.bfloat16), backend=cpu_backend)[0]
@@ -179,7 +162,7 @@ def test_integer_gamma_tensor_rejected(name, cpu_backend, rt):
 def test_mismatched_shapes(name, bad_shape, cpu_backend, rt):
     args, kw = base_inputs(name)
     if name == "affine_scan" and bad_shape == (2, N, T):
-        pytest.skip("alpha and beta broadcast to one shape (api 11)")
+        pytest.skip("alpha and beta broadcast to one shape (docs/semantics.md section 5)")
     if bad_shape == (T,):
         # a [T] tensor broadcasts to [N, T]: use a wrong T instead
         bad_shape = (T + 2,)
@@ -550,9 +533,8 @@ def test_value_error_after_partial_validation_writes_nothing(cpu_backend, rt):
 
 
 def _call_all(rt, name, shape, backend, time_dim=-1):
-    args, kw = base_inputs(name, shape=shape)
-    kw = dict(kw)
-    kw["time_dim"] = time_dim
+    args, kw = base_inputs(name, shape=shape, time_dim=time_dim)
+    kw = dict(kw, time_dim=time_dim)
     if name in WITH_DONE:
         kw["done"] = torch.zeros(shape, dtype=torch.bool)
     return getattr(rt, name)(*args, **kw, backend=backend)

@@ -1,10 +1,11 @@
 """Independent float64 reference for rl_triton.
 
-Written directly from the formulas of DESIGN.md section 2 and docs/api_decisions.md, one
-plain Python loop per algorithm over rows and time.  It deliberately shares no code with
-``rl_triton`` (this module must never import it) and it does NOT use the alpha/beta affine
-rewriting of the estimators (except for ``affine_scan`` itself, which *is* that recurrence),
-so agreement with the library also checks the library's rewriting.
+Written directly from the formulas of docs/semantics.md (section 6 for each algorithm, with
+the flag rules of section 2 and the window bootstrap of section 3), one plain Python loop per
+algorithm over rows and time.  It shares no code with the library (this module never imports
+``rl_triton``) and does not use the alpha/beta affine rewriting of the estimators (except for
+``affine_scan`` itself, which *is* that recurrence), so agreement with the library also checks
+the library's rewriting.
 
 Conventions
 -----------
@@ -13,6 +14,7 @@ Flags (``term``, ``done``) are ``[R, T]`` arrays read as "true where nonzero".
 ``gamma`` / ``lmbda`` are ``[R, T]`` arrays (already broadcast; per-step value at index t).
 Per-row inputs (``bootstrap``, ``initial``) are ``[R]`` arrays.
 Retrace's full-distribution form takes ``next_pi`` / ``next_q`` of shape ``[R, T, A]``.
+rl_triton.testing.catalog maps a library call's arguments to these arrays.
 """
 
 from __future__ import annotations
