@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
 
 import numpy as np
 import pytest
@@ -103,6 +104,71 @@ def test_bad_settings():
         rt_sb3.FastRolloutBuffer(4, *spaces, gae_device=1)
     with pytest.raises(TypeError, match="unknown_kwarg"):
         rt_sb3.FastRolloutBuffer(4, *spaces, unknown_kwarg=2)
+
+
+def test_cuda_device_without_cuda_fails_at_once(monkeypatch):
+    spaces = (gym.spaces.Box(-1, 1, (1,)), gym.spaces.Discrete(2))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only torch
+    for device in ("cuda", "cuda:0"):
+        with pytest.raises(ValueError, match="device='cuda.*CUDA"):
+            rt_sb3.patch(device=device)
+        with pytest.raises(ValueError, match="device='cuda"):
+            with rt_sb3.patched(device=device):
+                pass
+        with pytest.raises(ValueError, match="gae_device='cuda.*CUDA"):
+            rt_sb3.FastRolloutBuffer(4, *spaces, gae_device=device)
+    assert not rt_sb3.is_patched()
+    rt_sb3.patch(device="auto")  # "auto" uses the GPU only where there is one
+    rt_sb3.unpatch()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match="device='cuda:2'.*2"):
+        rt_sb3.patch(device="cuda:2")
+    assert not rt_sb3.is_patched()
+
+
+def test_patch_holders_across_threads(monkeypatch):
+    # patch() and every open patched() block, in any thread, hold one shared patch; the latest
+    # holder's settings apply, and a holder's settings leave with it
+    devices = []
+    monkeypatch.setattr(rt_sb3, "_target_device", lambda name, *_: devices.append(name) or torch.device("cpu"))
+    buf = _filled(RolloutBuffer, 16, 2, 0.99, 0.95, np.random.default_rng(0))
+
+    def device_used():
+        RolloutBuffer.compute_returns_and_advantage(buf, torch.zeros(2, 1), np.zeros(2))
+        return devices.pop()  # IndexError where SB3's own method ran
+
+    with rt_sb3.patched():  # unpatch() withdraws patch() only: the block keeps its patch
+        rt_sb3.patch()
+        rt_sb3.unpatch()
+        assert device_used() == "cpu"
+    assert RolloutBuffer.__dict__["compute_returns_and_advantage"] is ORIGINAL
+    rt_sb3.patch(device="auto")
+    with rt_sb3.patched(device="cpu"):
+        assert device_used() == "cpu"
+        rt_sb3.patch(device="auto")  # the latest holder now, and it outlives the block
+        assert device_used() == "auto"
+    assert device_used() == "auto"
+    # blocks that close out of order across threads
+    rt_sb3.patch(device="cpu")
+    opened, release = threading.Event(), threading.Event()
+
+    def block():
+        with rt_sb3.patched(device="auto"):
+            opened.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    opened.wait(5)
+    assert device_used() == "auto"
+    with rt_sb3.patched(device="cpu"):
+        release.set()
+        thread.join()  # the other thread's block closed: this one is still patched
+        assert device_used() == "cpu"
+    assert device_used() == "cpu"  # patch()'s, not the settings from before the block opened
+    rt_sb3.unpatch()
+    assert RolloutBuffer.__dict__["compute_returns_and_advantage"] is ORIGINAL
 
 
 def _counting(monkeypatch):

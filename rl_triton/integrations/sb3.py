@@ -23,27 +23,26 @@ is rebound to a new array (advantages + values), as SB3 does.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 from stable_baselines3.common import buffers as _buffers
 
 from .. import gae
+from ._patching import PatchState
 
 __all__ = ["FastDictRolloutBuffer", "FastRolloutBuffer", "is_patched", "patch", "patched", "unpatch"]
 
 _ORIGINAL = _buffers.RolloutBuffer.__dict__["compute_returns_and_advantage"]
 # the GPU pays from this many elements on (re-tune: python benchmarks/sb3_crossover.py)
-_settings = {"device": "cpu", "gpu_min_elements": 1 << 16}
+_DEFAULTS = {"device": "cpu", "gpu_min_elements": 1 << 16}
 # rollouts this short (A2C's default is 5 steps) keep SB3's own loop on the CPU, where it costs
 # less than one fused call (docs/sb3.md)
 LOOP_MAX_STEPS = 12
 
 
-def _target_device(name, n_elements: int) -> torch.device:
+def _target_device(name, n_elements: int, gpu_min_elements: int) -> torch.device:
     if name == "auto":
-        use_gpu = torch.cuda.is_available() and n_elements >= _settings["gpu_min_elements"]
+        use_gpu = torch.cuda.is_available() and n_elements >= gpu_min_elements
         return torch.device("cuda" if use_gpu else "cpu")
     return torch.device(name)
 
@@ -51,7 +50,9 @@ def _target_device(name, n_elements: int) -> torch.device:
 def compute_returns_and_advantage(self, last_values: torch.Tensor, dones: np.ndarray) -> None:
     """GAE over the buffer (SB3's semantics) as one fused scan; see the module docstring."""
     T, N = self.rewards.shape
-    device = _target_device(getattr(self, "gae_device", None) or _settings["device"], T * N)
+    settings = _state.settings(_DEFAULTS)
+    device = _target_device(getattr(self, "gae_device", None) or settings["device"], T * N,
+                            settings["gpu_min_elements"])
     if device.type == "cpu" and T <= LOOP_MAX_STEPS:
         return _ORIGINAL(self, last_values, dones)
     returns = np.empty_like(self.values)
@@ -74,61 +75,94 @@ def compute_returns_and_advantage(self, last_values: torch.Tensor, dones: np.nda
 
 
 def _check_device(device, name: str) -> str:
+    """``device`` as given, once it names a device this torch can use now (or is "auto")."""
     if not isinstance(device, str):
         raise TypeError(f"{name} must be a string ('cpu', 'cuda', 'cuda:N' or 'auto'), got {type(device).__name__}")
-    if device != "auto":
-        try:
-            torch.device(device)
-        except RuntimeError as e:
-            raise ValueError(f"{name}={device!r} is not a device: {e}") from None
+    if device == "auto":
+        return device
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"{name}={device!r} is not a device: {e}") from None
+    if dev.type == "cpu":
+        return device
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}={device!r}, but CUDA is not available to this torch "
+                             f"({torch.__version__}); use 'cpu' or 'auto'")
+        count = torch.cuda.device_count()
+    else:
+        current = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        if current is None or current.type != dev.type:
+            raise ValueError(f"{name}={device!r}, but this torch ({torch.__version__}) has no {dev.type} device")
+        count = torch.accelerator.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"{name}={device!r}, but torch sees {count} {dev.type} device(s)")
     return device
+
+
+def _settings_of(device, gpu_min_elements) -> dict:
+    _check_device(device, "device")
+    if gpu_min_elements is None:
+        gpu_min_elements = _state.settings(_DEFAULTS)["gpu_min_elements"]
+    elif isinstance(gpu_min_elements, bool) or not isinstance(gpu_min_elements, int) or gpu_min_elements < 0:
+        raise ValueError(f"gpu_min_elements must be a non-negative int, got {gpu_min_elements!r}")
+    return {"device": device, "gpu_min_elements": gpu_min_elements}
+
+
+def _apply() -> None:
+    _buffers.RolloutBuffer.compute_returns_and_advantage = compute_returns_and_advantage
+
+
+def _restore() -> None:
+    _buffers.RolloutBuffer.compute_returns_and_advantage = _ORIGINAL
+
+
+_state = PatchState(_apply, _restore)
 
 
 def patch(device: str = "cpu", gpu_min_elements: int | None = None) -> None:
     """Route ``RolloutBuffer.compute_returns_and_advantage`` (and so every subclass that
-    inherits it) through rl_triton. Idempotent; calling again only updates the settings.
+    inherits it) through rl_triton until ``unpatch()``. Idempotent; calling again only updates
+    the settings. Thread-safe.
 
     ``device``: "cpu" (default), "cuda"/"cuda:N", or "auto" (GPU from ``gpu_min_elements``
-    buffer steps on).
+    buffer steps on); a device that this torch cannot use raises ``ValueError`` here.
+    ``gpu_min_elements=None`` keeps the value in effect (default 65,536).
+
+    The patch is shared with ``patched()`` blocks, which may be open in other threads: SB3's
+    method is set while ``patch()`` is in effect or any block is open, and the settings of the
+    latest of them apply (a ``patch()`` call counts as the latest from then on).
     """
-    _check_device(device, "device")
-    if gpu_min_elements is not None:
-        if isinstance(gpu_min_elements, bool) or not isinstance(gpu_min_elements, int) or gpu_min_elements < 0:
-            raise ValueError(f"gpu_min_elements must be a non-negative int, got {gpu_min_elements!r}")
-        _settings["gpu_min_elements"] = gpu_min_elements
-    _settings["device"] = device
-    _buffers.RolloutBuffer.compute_returns_and_advantage = compute_returns_and_advantage
+    _state.patch(_settings_of(device, gpu_min_elements))
 
 
 def unpatch() -> None:
-    """Restore SB3's own method (the original function object). Idempotent."""
-    _buffers.RolloutBuffer.compute_returns_and_advantage = _ORIGINAL
-    _settings["device"] = "cpu"
+    """Withdraw ``patch()``. SB3's own method (the original function object) is back at once,
+    or, while ``patched()`` blocks are open (in any thread), when the last of them closes.
+    Idempotent. Thread-safe."""
+    _state.unpatch()
 
 
 def is_patched() -> bool:
-    return _buffers.RolloutBuffer.__dict__["compute_returns_and_advantage"] is compute_returns_and_advantage
+    """Whether ``RolloutBuffer.compute_returns_and_advantage`` is routed through rl_triton now."""
+    return _state.active
 
 
-@contextlib.contextmanager
 def patched(device: str = "cpu", gpu_min_elements: int | None = None):
-    """``with patched(): ...`` patches for the block and restores the previous state after."""
-    was_patched, previous = is_patched(), dict(_settings)
-    patch(device, gpu_min_elements)
-    try:
-        yield
-    finally:
-        _settings.update(previous)
-        if not was_patched:
-            unpatch()
+    """``with patched(): ...``: SB3 is patched for the block, with these settings, and the
+    block's hold on the patch ends with it. Blocks nest, also across threads: each holds the
+    patch until it closes, and SB3's own method comes back when the last holder (block or
+    ``patch()``) lets go. The settings are the latest holder's (see ``patch()``)."""
+    return _state.patched(_settings_of(device, gpu_min_elements))
 
 
 class _FastGAE:
     """Mixin for ``rollout_buffer_class``: the fused GAE, optionally on ``gae_device``."""
 
     def __init__(self, *args, gae_device: str | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
         self.gae_device = None if gae_device is None else _check_device(gae_device, "gae_device")
+        super().__init__(*args, **kwargs)
 
     compute_returns_and_advantage = compute_returns_and_advantage
 

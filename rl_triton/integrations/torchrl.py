@@ -27,6 +27,11 @@ bootstrap, so they pass straight through as ``done=``/``terminated=``, with
 rules and layout errors are TorchRL's. Float inputs are cast to ``next_state_value.dtype``
 (TorchRL's output dtype) because rl_triton wants one dtype per call. ``done``/``terminated``
 must be ``torch.bool`` (TorchRL applies ``~`` to them; other dtypes raise ``TypeError`` here).
+Where a functional here raises, it raises what TorchRL's raises on the same arguments, word
+for word, if TorchRL's raises at all.
+
+The classes run TorchRL's own methods with our functionals and never touch TorchRL's module;
+only ``patch()`` / ``patched()`` change TorchRL (thread-safe, reference-counted).
 
 Results are exact recurrences, also for the ``vec_*`` names, where TorchRL truncates a
 convolution filter at ``(gamma*lmbda)**n < 1e-7``; see docs/torchrl.md for what differs.
@@ -34,8 +39,10 @@ convolution filter at ``(gamma*lmbda)**n < 1e-7``; see docs/torchrl.md for what 
 
 from __future__ import annotations
 
-import contextlib
-import threading
+import functools
+import inspect
+import types
+import weakref
 
 import torch
 from torchrl.objectives import utils as _obj_utils
@@ -45,6 +52,7 @@ from torchrl.objectives.value import functional as _fn
 from .. import td_lambda_return as _rt_td_lambda_return
 from .. import gae as _rt_gae
 from .. import vtrace as _rt_vtrace
+from ._patching import PatchState
 
 __all__ = [
     "GAE",
@@ -95,24 +103,42 @@ def _coef(x, like):
     return x
 
 
+# The value each CUDA threshold tensor held at its last read outside CUDA-graph capture, by
+# id(tensor), dropped with the tensor. Nothing is stored on the caller's tensor.
+_last_read: dict[int, float] = {}
+
+
 def _threshold(x):
     """rho_thresh / c_thresh: rl_triton takes Python numbers (TorchRL's buffers are 0-d tensors).
 
-    A buffer's value is read once and remembered on the tensor until it is modified in place
-    (its version counter moves): reading a CUDA tensor synchronises, which costs a round trip
-    per call and would break CUDA-graph capture (CudaGraphModule warms up eagerly first)."""
+    A tensor is read at every call (a host synchronisation on CUDA), so every change to it is
+    seen, in place or through ``.data``. Under CUDA-graph capture, which cannot read device
+    memory, the value of the tensor's last read outside the capture is taken: the captured
+    graph replays that value, as it replays every scalar kernel argument."""
     if isinstance(x, torch.Tensor):
         if x.numel() != 1:
             raise NotImplementedError("rl_triton's vtrace takes scalar clipping thresholds only")
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or x.device.type != "cuda":
             return float(x)
-        cached = getattr(x, "_rl_triton_scalar", None)
-        if cached is not None and cached[0] == x._version:
-            return cached[1]
+        key = id(x)
+        if torch.cuda.is_current_stream_capturing():
+            if key not in _last_read:
+                raise RuntimeError(
+                    "a CUDA clipping-threshold tensor cannot be read during CUDA-graph capture: call the "
+                    "estimator once before capturing (CudaGraphModule's warm-up calls do)"
+                )
+            return _last_read[key]
         value = float(x)
-        x._rl_triton_scalar = (x._version, value)
+        if key not in _last_read:
+            weakref.finalize(x, _last_read.pop, key, None)
+        _last_read[key] = value
         return value
     return x
+
+
+def _scalar(x):
+    """TorchRL's test for discounts its vectorised TD functions take as scalars."""
+    return not isinstance(x, torch.Tensor) or x.numel() == 1
 
 
 def _full(x, shape):
@@ -187,17 +213,19 @@ def _td_lambda_impl(gamma, lmbda, next_state_value, reward, done, terminated, ro
     if rolling_gamma is None:
         rolling_gamma = True
     elif not rolling_gamma:
-        if vec:  # TorchRL's vectorised functions do not implement it; neither do these drop-ins
-            raise NotImplementedError(
-                "rolling_gamma=False is not available in the vectorised TD functions (as in TorchRL); "
-                "use td_lambda_return_estimate / td1_return_estimate, which implement it exactly"
-            )
-        if td1 and not _full(gamma, done.shape):
-            raise RuntimeError("rolling_gamma=False is expected only with time-sensitive gamma values")
-        if not td1 and not _full(gamma, done.shape) and not _full(lmbda, done.shape):
-            raise RuntimeError(
-                "rolling_gamma=False is expected only with time-sensitive gamma or lambda values"
-            )
+        if vec:
+            if not (_scalar(gamma) and _scalar(lmbda)):
+                raise NotImplementedError(
+                    "the vectorised TD functions do not implement rolling_gamma=False with per-step gamma or "
+                    "lmbda; td_lambda_return_estimate / td1_return_estimate do"
+                )
+            # with scalar discounts the vectorised functions compute the rolling return whatever
+            # rolling_gamma says, as TorchRL's do
+            rolling_gamma = True
+        elif td1 and not _full(gamma, done.shape):
+            raise RuntimeError("rolling_gamma=False needs a per-step gamma tensor")
+        elif not td1 and not _full(gamma, done.shape) and not _full(lmbda, done.shape):
+            raise RuntimeError("rolling_gamma=False needs a per-step gamma or lmbda tensor")
     if rolling_gamma:
         return _td_lambda(reward, next_state_value, done, terminated, gamma, lmbda)
     fn = _td1_no_window_bootstrap if td1 else _td_lambda
@@ -208,6 +236,35 @@ def _td_lambda_impl(gamma, lmbda, next_state_value, reward, done, terminated, ro
 # functionals: TorchRL 0.14.1 signatures
 # ---------------------------------------------------------------------------------------------
 
+def _error_of(fn, args, kwargs):
+    try:
+        fn(*args, **kwargs)
+    except Exception as error:
+        return error
+    return None
+
+
+def _raises_as_torchrl(ours):
+    """Where the drop-in ``ours`` raises, raise what TorchRL's function of the same name raises on
+    the same arguments: its exception, type and message word for word (TorchRL's own tests and
+    user code match them). Where TorchRL's function accepts the arguments, ours raises its own.
+    TorchRL's function runs on the error path only."""
+    theirs = getattr(_fn, ours.__name__)
+
+    @functools.wraps(ours)
+    def call(*args, **kwargs):
+        try:
+            return ours(*args, **kwargs)
+        except Exception:
+            error = _error_of(theirs, args, kwargs)
+            if error is None:
+                raise
+            raise error from None
+
+    return call
+
+
+@_raises_as_torchrl
 @_transpose_time
 def generalized_advantage_estimate(
     gamma, lmbda, state_value, next_state_value, reward, done, terminated=None, *, time_dim=-2
@@ -217,6 +274,7 @@ def generalized_advantage_estimate(
     return _gae_impl(gamma, lmbda, state_value, next_state_value, reward, done, terminated)
 
 
+@_raises_as_torchrl
 @_transpose_time
 def vec_generalized_advantage_estimate(
     gamma, lmbda, state_value, next_state_value, reward, done, terminated=None, *, time_dim=-2
@@ -226,6 +284,7 @@ def vec_generalized_advantage_estimate(
     return _gae_impl(gamma, lmbda, state_value, next_state_value, reward, done, terminated)
 
 
+@_raises_as_torchrl
 @_transpose_time
 def td_lambda_return_estimate(
     gamma, lmbda, next_state_value, reward, done, terminated=None, rolling_gamma=None, *, time_dim=-2
@@ -235,6 +294,7 @@ def td_lambda_return_estimate(
                            td1=False, vec=False)
 
 
+@_raises_as_torchrl
 @_transpose_time
 def vec_td_lambda_return_estimate(
     gamma, lmbda, next_state_value, reward, done, terminated=None, rolling_gamma=None, *, time_dim=-2
@@ -245,6 +305,7 @@ def vec_td_lambda_return_estimate(
                            td1=False, vec=True)
 
 
+@_raises_as_torchrl
 @_transpose_time
 def td1_return_estimate(
     gamma, next_state_value, reward, done, terminated=None, rolling_gamma=None, *, time_dim=-2
@@ -254,6 +315,7 @@ def td1_return_estimate(
                            td1=True, vec=False)
 
 
+@_raises_as_torchrl
 @_transpose_time
 def vec_td1_return_estimate(
     gamma, next_state_value, reward, done, terminated=None, rolling_gamma=None, time_dim=-2
@@ -264,6 +326,7 @@ def vec_td1_return_estimate(
                            td1=True, vec=True)
 
 
+@_raises_as_torchrl
 @_transpose_time
 def vtrace_advantage_estimate(
     gamma, log_pi, log_mu, state_value, next_state_value, reward, done, terminated=None,
@@ -300,64 +363,85 @@ _OURS = {
     "vtrace_advantage_estimate": vtrace_advantage_estimate,
 }
 _ORIGINAL = {name: getattr(_adv, name) for name in _OURS}
-_lock = threading.RLock()
-_state = {"patched": False, "depth": 0, "registry": {}}
+# the globals our classes' methods run with: TorchRL's advantages module, but our functionals
+_NAMESPACE = {**vars(_adv), **_OURS}
 
 
-def _set_globals(table) -> None:
-    for name, fn in table.items():
-        setattr(_adv, name, fn)
+def _reads_functionals(fn) -> bool:
+    """Whether ``fn``, code nested in it or a function it wraps names one of the functionals."""
+    codes = [fn.__code__]
+    while codes:
+        code = codes.pop()
+        if not _OURS.keys().isdisjoint(code.co_names):
+            return True
+        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    inner = getattr(fn, "__wrapped__", None)
+    return inner is not None and _reads_functionals(inner)
 
 
-@contextlib.contextmanager
-def _routed():
-    """Point the advantages module's functionals at ours for the duration of one call (the
-    classes below have no method hook around the recursion). Re-entrant and thread-safe: the
-    originals come back when the last concurrent call leaves, unless patch() is active."""
-    with _lock:
-        _state["depth"] += 1
-        _set_globals(_OURS)
+def _cell_holds(cell, obj) -> bool:
     try:
-        yield
-    finally:
-        with _lock:
-            _state["depth"] -= 1
-            if _state["depth"] == 0 and not _state["patched"]:
-                _set_globals(_ORIGINAL)
+        return cell.cell_contents is obj
+    except ValueError:  # an empty cell
+        return False
 
 
-def _call_routed(method, self, *args, **kwargs):
-    if torch.compiler.is_compiling():
-        # no module-global swaps inside a trace: compiled estimators follow patch()'s state
-        return method(self, *args, **kwargs)
-    with _routed():
-        return method(self, *args, **kwargs)
+def _with_our_functionals(fn):
+    """A copy of ``fn`` that finds our functionals where it found TorchRL's: functions of TorchRL's
+    advantages module get ``_NAMESPACE`` as their globals, and the decorators around them
+    (``functools.wraps`` wrappers holding the function they wrap in a closure cell) are copied
+    around the copy. TorchRL's module and functions are left as they are."""
+    inner = getattr(fn, "__wrapped__", None)
+    closure = fn.__closure__
+    if inner is not None:
+        held = [i for i, cell in enumerate(closure or ()) if _cell_holds(cell, inner)]
+        if len(held) != 1:
+            raise RuntimeError(
+                f"cannot route {fn.__qualname__}: its decorator does not keep the function it wraps "
+                f"in a closure cell (this module is written against TorchRL 0.14.1)"
+            )
+        inner = _with_our_functionals(inner)
+        closure = closure[:held[0]] + (types.CellType(inner),) + closure[held[0] + 1:]
+    namespace = _NAMESPACE if fn.__globals__ is vars(_adv) else fn.__globals__
+    copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, closure)
+    copy.__kwdefaults__ = None if fn.__kwdefaults__ is None else dict(fn.__kwdefaults__)
+    copy.__dict__.update(fn.__dict__)
+    copy.__qualname__, copy.__doc__, copy.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
+    copy.__annotations__ = dict(fn.__annotations__)
+    if inner is not None:
+        copy.__wrapped__ = inner
+    return copy
 
 
-class _Routed:
-    """Mixin: run TorchRL's own ``forward`` / ``value_estimate`` (every key, shifted, chunking,
-    averaging and differentiability rule unchanged) with the recursion routed to rl_triton."""
+def _routed(cls):
+    """Class decorator for a subclass of a TorchRL estimator: every method of the TorchRL class
+    that calls a value functional (``forward``, ``value_estimate``) is TorchRL's own code, with
+    every key, shifted, chunking, averaging and differentiability rule unchanged, calling ours."""
+    base = cls.__mro__[1]
+    for name in dir(base):
+        fn = inspect.getattr_static(base, name)
+        if isinstance(fn, types.FunctionType) and _reads_functionals(fn):
+            setattr(cls, name, _with_our_functionals(fn))
+    return cls
 
-    def forward(self, *args, **kwargs):
-        return _call_routed(super().forward.__func__, self, *args, **kwargs)
 
-    def value_estimate(self, *args, **kwargs):
-        return _call_routed(super().value_estimate.__func__, self, *args, **kwargs)
-
-
-class GAE(_Routed, _adv.GAE):
+@_routed
+class GAE(_adv.GAE):
     """``torchrl.objectives.value.GAE`` with the fused scan (loop and ``vectorized`` paths alike)."""
 
 
-class TDLambdaEstimator(_Routed, _adv.TDLambdaEstimator):
+@_routed
+class TDLambdaEstimator(_adv.TDLambdaEstimator):
     """``torchrl.objectives.value.TDLambdaEstimator`` with the fused scan."""
 
 
-class TD1Estimator(_Routed, _adv.TD1Estimator):
+@_routed
+class TD1Estimator(_adv.TD1Estimator):
     """``torchrl.objectives.value.TD1Estimator`` with the fused scan."""
 
 
-class VTrace(_Routed, _adv.VTrace):
+@_routed
+class VTrace(_adv.VTrace):
     """``torchrl.objectives.value.VTrace`` (0.14.1 semantics) with the fused scan."""
 
 
@@ -371,57 +455,65 @@ _REGISTERED = {
     _obj_utils.ValueEstimators.TD1: TD1Estimator,
     _obj_utils.ValueEstimators.VTrace: VTrace,
 }
+_saved_registry = {}  # TorchRL's registry entries while patched (None: there was none)
+
+
+def _set_globals(table) -> None:
+    for name, fn in table.items():
+        setattr(_adv, name, fn)
+
+
+def _apply() -> None:
+    _obj_utils._ensure_builtin_value_estimators_registered()
+    registry = _obj_utils._VALUE_ESTIMATOR_REGISTRY
+    for key, cls in _REGISTERED.items():
+        entry = registry.get(key)
+        _saved_registry[key] = entry
+        defaults = entry.default_kwargs if entry is not None else _obj_utils._BUILTIN_VALUE_ESTIMATOR_DEFAULTS[key]
+        registry[key] = _obj_utils._ValueEstimatorRegistryEntry(cls, defaults)
+    _set_globals(_OURS)
+
+
+def _restore() -> None:
+    registry = _obj_utils._VALUE_ESTIMATOR_REGISTRY
+    for key, entry in _saved_registry.items():
+        if entry is None:
+            registry.pop(key, None)
+        else:
+            registry[key] = entry
+    _saved_registry.clear()
+    _set_globals(_ORIGINAL)
+
+
+_state = PatchState(_apply, _restore)
 
 
 def patch() -> None:
-    """Route TorchRL's estimators through rl_triton: the functionals the classes call (module
-    globals of ``torchrl.objectives.value.advantages``) and the value-estimator registry entries
-    for GAE, TDLambda, TD1 and VTrace (so ``loss.make_value_estimator(...)`` builds our classes).
-    ``torchrl.objectives.value.functional`` itself is left alone. Idempotent."""
-    with _lock:
-        if _state["patched"]:
-            return
-        _obj_utils._ensure_builtin_value_estimators_registered()
-        registry = _obj_utils._VALUE_ESTIMATOR_REGISTRY
-        saved = {}
-        for key, cls in _REGISTERED.items():
-            entry = registry.get(key)
-            saved[key] = entry
-            defaults = entry.default_kwargs if entry is not None else _obj_utils._BUILTIN_VALUE_ESTIMATOR_DEFAULTS[key]
-            registry[key] = _obj_utils._ValueEstimatorRegistryEntry(cls, defaults)
-        _state["registry"] = saved
-        _set_globals(_OURS)
-        _state["patched"] = True
+    """Route TorchRL's estimators through rl_triton until ``unpatch()``: the functionals the
+    classes call (module globals of ``torchrl.objectives.value.advantages``) and the
+    value-estimator registry entries for GAE, TDLambda, TD1 and VTrace (so
+    ``loss.make_value_estimator(...)`` builds our classes). ``torchrl.objectives.value.functional``
+    itself is left alone. Idempotent. Thread-safe.
+
+    The patch is shared with ``patched()`` blocks, which may be open in other threads: TorchRL
+    is patched while ``patch()`` is in effect or any block is open."""
+    _state.patch()
 
 
 def unpatch() -> None:
-    """Restore TorchRL's own function objects and registry entries (the same objects). Idempotent."""
-    with _lock:
-        if not _state["patched"]:
-            return
-        registry = _obj_utils._VALUE_ESTIMATOR_REGISTRY
-        for key, entry in _state["registry"].items():
-            if entry is None:
-                registry.pop(key, None)
-            else:
-                registry[key] = entry
-        _state["registry"] = {}
-        _state["patched"] = False
-        if _state["depth"] == 0:
-            _set_globals(_ORIGINAL)
+    """Withdraw ``patch()``. TorchRL's own function objects and registry entries (the same
+    objects) are back at once, or, while ``patched()`` blocks are open (in any thread), when the
+    last of them closes. Idempotent. Thread-safe."""
+    _state.unpatch()
 
 
 def is_patched() -> bool:
-    return _state["patched"]
+    """Whether TorchRL's estimators are routed through rl_triton now."""
+    return _state.active
 
 
-@contextlib.contextmanager
 def patched():
-    """``with patched(): ...`` patches for the block and restores the previous state after."""
-    was_patched = is_patched()
-    patch()
-    try:
-        yield
-    finally:
-        if not was_patched:
-            unpatch()
+    """``with patched(): ...``: TorchRL is patched for the block, and the block's hold on the
+    patch ends with it. Blocks nest, also across threads: each holds the patch until it closes,
+    and TorchRL's own objects come back when the last holder (block or ``patch()``) lets go."""
+    return _state.patched()
