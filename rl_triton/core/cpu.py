@@ -33,12 +33,22 @@ AVAILABLE = nb is not None
 
 if AVAILABLE:
     _inline = nb.njit(inline="always", cache=True)
-    _c_gae = _inline(C.gae)
-    _c_td_lambda_return = _inline(C.td_lambda_return)
-    _c_discounted_return = _inline(C.discounted_return)
-    _c_vtrace = _inline(C.vtrace)
-    _c_vtrace_pg = _inline(C.vtrace_pg)
-    _c_retrace = _inline(C.retrace)
+
+    @_inline
+    def _where(cond, a, b):
+        return a if cond else b
+
+    def _shared(fn):
+        """A coefficients function compiled inline, its ``where`` a conditional on numbers."""
+        return _inline(pytypes.FunctionType(fn.__code__, {**fn.__globals__, "where": _where}, fn.__name__))
+
+    _c_step = _shared(C.step)
+    _c_gae = _shared(C.gae)
+    _c_td_lambda_return = _shared(C.td_lambda_return)
+    _c_discounted_return = _shared(C.discounted_return)
+    _c_vtrace = _shared(C.vtrace)
+    _c_vtrace_pg = _shared(C.vtrace_pg)
+    _c_retrace = _shared(C.retrace)
 
     # helpers take scalars: passing arrays into a call in the loop costs reference counting.
     # Kernels pass gamma as ``gamma[i, t] * 1.0`` so that products like gamma * lambda are formed
@@ -60,6 +70,11 @@ if AVAILABLE:
         return _not(k), _not(d)
 
     @_inline
+    def _clip(x, bar):
+        """min(x, bar) with NaN kept (as torch.minimum; Python's min drops it)."""
+        return bar if x > bar else x
+
+    @_inline
     def _next_value(nv, v_next, boot, nv_mode, last):
         if nv_mode == NV_EXPLICIT:
             return nv
@@ -77,7 +92,7 @@ def gae(rewards, values, next_values, bootstrap_value, terminated, done, truncat
                                   t == T - 1)
             nvt = _next_value(next_values[i, t], values[i, tn], bootstrap_value[i], nv_mode, t == T - 1)
             a, b = _c_gae(rewards[i, t], values[i, t], nvt, nterm, ndone, gamma[i, t] * 1.0, lmbda[i, t])
-            acc = a + b * acc
+            acc = _c_step(a, b, acc)
             advantages[i, t] = acc
             value_targets[i, t] = acc + values[i, t]
 
@@ -105,7 +120,7 @@ def gae_row_blocks(rewards, values, next_values, bootstrap_value, terminated, do
                                       done_mode, end)
                 nvt = _next_value(next_values[i, t], values[i, tn], bootstrap_value[i], nv_mode, end)
                 a, b = _c_gae(rewards[i, t], values[i, t], nvt, nterm, ndone, gamma[i, t] * 1.0, lmbda[i, t])
-                x = a + b * acc[i - lo]
+                x = _c_step(a, b, acc[i - lo])
                 acc[i - lo] = x
                 advantages[i, t] = x
                 value_targets[i, t] = x + values[i, t]
@@ -125,7 +140,7 @@ def gae_episode_starts(rewards, values, episode_starts, bootstrap_value, last_do
         for t in range(T - 2, -1, -1):
             nd = _not(episode_starts[i, t + 1])
             a, b = _c_gae(rewards[i, t], values[i, t], values[i, t + 1], nd, nd, gamma, lmbda)
-            acc = a + b * acc
+            acc = _c_step(a, b, acc)
             advantages[i, t] = acc
             value_targets[i, t] = acc + values[i, t]
 
@@ -148,23 +163,24 @@ def gae_episode_starts_blocks(rewards, values, episode_starts, bootstrap_value, 
             for i in range(lo, hi):
                 nd = _not(episode_starts[i, t + 1])
                 a, b = _c_gae(rewards[i, t], values[i, t], values[i, t + 1], nd, nd, gamma, lmbda)
-                x = a + b * acc[i - lo]
+                x = _c_step(a, b, acc[i - lo])
                 acc[i - lo] = x
                 advantages[i, t] = x
                 value_targets[i, t] = x + values[i, t]
 
 
-def td_lambda_return(rewards, next_values, carry, terminated, done, truncated, last_done, gamma, lmbda, done_mode,
-                     returns):
+def td_lambda_return(rewards, next_values, terminated, done, truncated, last_done, gamma, lmbda, done_mode, returns):
     R, T = rewards.shape
     for i in prange(R):
-        acc = carry[i] * 1.0
+        acc = 0.0
         for t in range(T - 1, -1, -1):
             nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, min(t + 1, T - 1)], truncated[i, t],
                                   last_done[i], done_mode, t == T - 1)
+            if t == T - 1:
+                ndone = 0.0  # G' = V(s_T) at the window end, as at a done
             a, b = _c_td_lambda_return(rewards[i, t], next_values[i, t], nterm, ndone, gamma[i, t] * 1.0,
                                        lmbda[i, t])
-            acc = a + b * acc
+            acc = _c_step(a, b, acc)
             returns[i, t] = acc
 
 
@@ -177,7 +193,7 @@ def discounted_return(rewards, next_values, carry, terminated, done, truncated, 
             nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, min(t + 1, T - 1)], truncated[i, t],
                                   last_done[i], done_mode, t == T - 1)
             a, b = _c_discounted_return(rewards[i, t], next_values[i, t], nterm, ndone, gamma[i, t])
-            acc = a + b * acc
+            acc = _c_step(a, b, acc)
             returns[i, t] = acc
 
 
@@ -193,14 +209,14 @@ def vtrace(rewards, values, next_values, bootstrap_value, log_pi, log_mu, termin
             nvt = _next_value(next_values[i, t], values[i, min(t + 1, T - 1)], bootstrap_value[i], nv_mode,
                               t == T - 1)
             ratio = np.exp(log_pi[i, t] * 1.0 - log_mu[i, t])
-            rho = min(rho_bar, ratio)
-            c = lmbda[i, t] * min(c_bar, ratio)
+            rho = _clip(ratio, rho_bar)
+            c = lmbda[i, t] * _clip(ratio, c_bar)
             if ndone == 0.0 or t == T - 1:
                 vs_next = nvt
             pg_advantages[i, t] = _c_vtrace_pg(rewards[i, t], values[i, t], vs_next, nterm, gamma[i, t],
-                                               min(rho_bar_pg, ratio))
+                                               _clip(ratio, rho_bar_pg))
             a, b = _c_vtrace(rewards[i, t], values[i, t], nvt, nterm, ndone, gamma[i, t], rho, c)
-            acc = a + b * acc
+            acc = _c_step(a, b, acc)
             vs_next = acc + values[i, t]
             vs[i, t] = vs_next
 
@@ -212,6 +228,7 @@ def retrace(rewards, q_values, log_pi, log_mu, next_expected_q, next_pi, next_q,
     for i in prange(R):
         acc = 0.0
         c_next = 0.0
+        q_next = 0.0
         for t in range(T - 1, -1, -1):
             nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, min(t + 1, T - 1)], truncated[i, t],
                                   last_done[i], done_mode, t == T - 1)
@@ -221,10 +238,11 @@ def retrace(rewards, q_values, log_pi, log_mu, next_expected_q, next_pi, next_q,
                 evt = 0.0
                 for a_ in range(A):
                     evt += next_pi[i, t, a_] * next_q[i, t, a_]
-            a, b = _c_retrace(rewards[i, t], q_values[i, t], evt, nterm, ndone, gamma[i, t], c_next)
-            acc = a + b * acc
-            q_targets[i, t] = acc + q_values[i, t]
-            c_next = lmbda[i, t] * min(c_bar, np.exp(log_pi[i, t] * 1.0 - log_mu[i, t]))
+            a, b = _c_retrace(rewards[i, t], evt, q_next, nterm, ndone, gamma[i, t], c_next)
+            acc = _c_step(a, b, acc)
+            q_targets[i, t] = acc
+            c_next = lmbda[i, t] * _clip(np.exp(log_pi[i, t] * 1.0 - log_mu[i, t]), c_bar)
+            q_next = q_values[i, t] * 1.0
 
 
 def eligibility_trace(x, done, carry, gamma, lmbda, traces):
@@ -237,7 +255,7 @@ def eligibility_trace(x, done, carry, gamma, lmbda, traces):
             if cut:
                 acc = x[i, t] * 1.0
             else:
-                acc = x[i, t] + gamma[i, t] * 1.0 * lmbda[i, t] * acc
+                acc = _c_step(x[i, t] * 1.0, gamma[i, t] * 1.0 * lmbda[i, t], acc)
             traces[i, t] = acc
             cut = done[i, t] != 0
 
@@ -248,7 +266,7 @@ def affine_scan(alpha, beta, carry, reverse, y):
         acc = carry[i] * 1.0
         for s in range(T):
             t = T - 1 - s if reverse else s
-            acc = alpha[i, t] + beta[i, t] * acc
+            acc = _c_step(alpha[i, t] * 1.0, beta[i, t], acc)
             y[i, t] = acc
 
 

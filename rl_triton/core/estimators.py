@@ -237,13 +237,12 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     if c.empty:
         return c.empty_outputs()
     if fused:
-        nv = c.r(next_values)
-        return c.run_fused(spec.TD_LAMBDA_RETURN, rewards=c.r(rewards), next_values=nv, carry=nv[:, -1],
+        return c.run_fused(spec.TD_LAMBDA_RETURN, rewards=c.r(rewards), next_values=c.r(next_values),
                            **c.fused_flags(), gamma=c.r(g), lmbda=c.r(l))
-    nv = c.f(next_values)
     nterm, ndone = c.composed_flags()
-    alpha, beta = C.td_lambda_return(c.f(rewards), nv, nterm, ndone, c.f(g), c.f(l))
-    return c.results([scan.scan(alpha, beta, nv[:, -1], True, c.backend)])
+    ndone = torch.cat([ndone[:, :-1], torch.zeros_like(ndone[:, -1:])], 1)  # G' = V(s_T) at the window end
+    alpha, beta = C.td_lambda_return(c.f(rewards), c.f(next_values), nterm, ndone, c.f(g), c.f(l))
+    return c.results([scan.scan(alpha, beta, c.f_row(None), True, c.backend)])
 
 
 def discounted_return(rewards, *, terminated=None, truncated=None, done=None, next_values=None,
@@ -362,12 +361,13 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
         ev = (c.rows.rows_3d(next_pi).to(c.cd) * c.rows.rows_3d(next_q).to(c.cd)).sum(-1)
     else:
         ev = c.f(next_expected_q)
-    q = c.f(q_values)
     nterm, ndone = c.composed_flags()
     trace = c.f(l) * torch.exp(c.f(log_pi) - c.f(log_mu)).clamp(max=c_bar)
     c_next = torch.cat([trace[:, 1:], torch.zeros_like(trace[:, :1])], 1)
-    alpha, beta = C.retrace(c.f(rewards), q, ev, nterm, ndone, c.f(g), c_next)
-    return c.results([scan.scan(alpha, beta, c.f_row(None), True, c.backend) + q])
+    q = c.f(q_values)
+    q_next = torch.cat([q[:, 1:], torch.zeros_like(q[:, :1])], 1)
+    alpha, beta = C.retrace(c.f(rewards), ev, q_next, nterm, ndone, c.f(g), c_next)
+    return c.results([scan.scan(alpha, beta, c.f_row(None), True, c.backend)])
 
 
 def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
@@ -384,7 +384,7 @@ def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
                            lmbda=c.r(decay[1]), carry=c.r_row(initial))
     _, ndone = c.composed_flags()
     prev_open = torch.cat([torch.ones_like(ndone[:, :1]), ndone[:, :-1]], 1)
-    beta = c.f(decay[0]) * c.f(decay[1]) * prev_open
+    beta = torch.where(prev_open == 0, 0.0, c.f(decay[0]) * c.f(decay[1]) * prev_open)
     return c.results([scan.scan(c.f(x), beta, c.f_row(initial), False, c.backend)])
 
 

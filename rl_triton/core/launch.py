@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from . import coefficients as C
 from . import cpu, inputs, spec
 
 BACKENDS = ("auto", "triton", "cpu", "torch")
@@ -146,7 +147,7 @@ def _scan_torch(alpha, beta, carry, reverse):
     acc = carry
     steps = range(alpha.shape[1] - 1, -1, -1) if reverse else range(alpha.shape[1])
     for t in steps:
-        acc = torch.addcmul(alpha[:, t], beta[:, t], acc)
+        acc = C.step(alpha[:, t], beta[:, t], acc)
         y[:, t] = acc
     return y
 

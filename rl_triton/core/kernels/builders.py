@@ -37,10 +37,16 @@ AFFINE_SCAN = _positions(spec.AFFINE_SCAN)
 CARRY = tl.constexpr(spec.CARRY)  # the carry argument, where an algorithm has one
 
 
+@triton.jit
+def _where(cond, a, b):
+    return tl.where(cond, a, b)
+
+
 def _jit_shared(fn):
     """triton.jit of a coefficients function, with triton.language in its globals (the
-    interpreter requires it; the module itself stays free of triton)."""
-    return triton.jit(types.FunctionType(fn.__code__, {**fn.__globals__, "tl": tl}, fn.__name__))
+    interpreter requires it; the module itself stays free of triton) and ``tl.where`` as its
+    ``where``."""
+    return triton.jit(types.FunctionType(fn.__code__, {**fn.__globals__, "tl": tl, "where": _where}, fn.__name__))
 
 
 _gae = _jit_shared(C.gae)
@@ -54,6 +60,12 @@ _retrace = _jit_shared(C.retrace)
 @triton.jit
 def _not(flag, ACC: tl.constexpr):
     return tl.where(flag, 0.0, 1.0).to(ACC)
+
+
+@triton.jit
+def _clip(x, bar):
+    """min(x, bar) with NaN kept (as torch.minimum)."""
+    return tl.minimum(x, bar, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -136,6 +148,7 @@ def gae_store(ins, outs, rows, t, mask, y, y_prev, v, T, ACC: tl.constexpr):
 @triton.jit
 def td_lambda_return_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     nterm, ndone = _flags(ins, TD_LAMBDA_RETURN.terminated, rows, t, mask, T, ACC)
+    ndone = tl.where((t == T - 1)[None, :], 0.0, ndone)  # G' = V(s_T) at the window end, as at a done
     r = load(ins[TD_LAMBDA_RETURN.rewards], rows, t, mask, ACC)
     nv = load(ins[TD_LAMBDA_RETURN.next_values], rows, t, mask, ACC)
     g = coef(ins[TD_LAMBDA_RETURN.gamma], rows, t, mask, ACC)
@@ -160,10 +173,10 @@ def vtrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     nterm, ndone = _flags(ins, VTRACE.terminated, rows, t, mask, T, ACC)
     g = coef(ins[VTRACE.gamma], rows, t, mask, ACC)
     ratio = tl.exp(load(ins[VTRACE.log_pi], rows, t, mask, ACC) - load(ins[VTRACE.log_mu], rows, t, mask, ACC))
-    rho = tl.minimum(ratio, ins[VTRACE.rho_bar])
-    c = coef(ins[VTRACE.lmbda], rows, t, mask, ACC) * tl.minimum(ratio, ins[VTRACE.c_bar])
+    rho = _clip(ratio, ins[VTRACE.rho_bar])
+    c = coef(ins[VTRACE.lmbda], rows, t, mask, ACC) * _clip(ratio, ins[VTRACE.c_bar])
     alpha, beta = _vtrace(r, v, nv, nterm, ndone, g, rho, c)
-    return alpha, beta, (r, v, nv, nterm, ndone, g, tl.minimum(ratio, ins[VTRACE.rho_bar_pg]))
+    return alpha, beta, (r, v, nv, nterm, ndone, g, _clip(ratio, ins[VTRACE.rho_bar_pg]))
 
 
 @triton.jit
@@ -179,12 +192,11 @@ def vtrace_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr)
 @triton.jit
 def _trace_coef(ins, rows, t, mask, ACC: tl.constexpr):
     ratio = tl.exp(load(ins[RETRACE.log_pi], rows, t, mask, ACC) - load(ins[RETRACE.log_mu], rows, t, mask, ACC))
-    return coef(ins[RETRACE.lmbda], rows, t, mask, ACC) * tl.minimum(ratio, ins[RETRACE.c_bar])
+    return coef(ins[RETRACE.lmbda], rows, t, mask, ACC) * _clip(ratio, ins[RETRACE.c_bar])
 
 
 @triton.jit
 def retrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
-    q = load(ins[RETRACE.q_values], rows, t, mask, ACC)
     if ins[RETRACE.next_expected_q] is not None:
         ev = load(ins[RETRACE.next_expected_q], rows, t, mask, ACC)
     else:
@@ -201,14 +213,10 @@ def retrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     nterm, ndone = _flags(ins, RETRACE.terminated, rows, t, mask, T, ACC)
     nxt = mask & (t + 1 < T)[None, :]
     c_next = tl.where(nxt, _trace_coef(ins, rows, t + 1, nxt, ACC), 0.0)
-    alpha, beta = _retrace(load(ins[RETRACE.rewards], rows, t, mask, ACC), q, ev, nterm, ndone,
+    q_next = load(ins[RETRACE.q_values], rows, t + 1, nxt, ACC)
+    alpha, beta = _retrace(load(ins[RETRACE.rewards], rows, t, mask, ACC), ev, q_next, nterm, ndone,
                            coef(ins[RETRACE.gamma], rows, t, mask, ACC), c_next)
-    return alpha, beta, q
-
-
-@triton.jit
-def retrace_store(ins, outs, rows, t, mask, y, y_prev, q, T, ACC: tl.constexpr):
-    store(outs[RETRACE.q_targets], rows, t, mask, y + q)
+    return alpha, beta, 0
 
 
 @triton.jit
@@ -217,7 +225,7 @@ def eligibility_trace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     prev_done = load_flag(ins[ELIGIBILITY_TRACE.done], rows, t - 1, mask & (t >= 1)[None, :])
     decay = coef(ins[ELIGIBILITY_TRACE.gamma], rows, t, mask, ACC) * coef(ins[ELIGIBILITY_TRACE.lmbda], rows, t, mask,
                                                                           ACC)
-    beta = decay * _not(prev_done, ACC)
+    beta = tl.where(prev_done, 0.0, decay)
     return load(ins[ELIGIBILITY_TRACE.x], rows, t, mask, ACC), beta, 0
 
 

@@ -35,9 +35,16 @@ import triton.language as tl
 
 
 @triton.jit
+def _step(a, b, y):
+    """a + b * y, and a alone where b is 0: a zero coefficient cuts the recurrence, so an inf or
+    NaN beyond the cut (another episode) is never read."""
+    return tl.where(b == 0, a, a + b * y)
+
+
+@triton.jit
 def combine(a1, b1, a2, b2):
     # (a1, b1) is the part already folded in scan order: y = a2 + b2 * (a1 + b1 * y_in)
-    return a2 + b2 * a1, b1 * b2
+    return _step(a2, b2, a1), b1 * b2
 
 
 @triton.jit
@@ -174,7 +181,7 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
             seg_a = tl.load(ws + w, mask=m, other=0.0)
             seg_b = tl.load(ws + w + 1, mask=m, other=1.0)
             seg_a, seg_b = tl.associative_scan((seg_a, seg_b), 1, combine)
-            ca = _pick(seg_a, j, SEG_BLOCK - 1) + _pick(seg_b, j, SEG_BLOCK - 1) * ca
+            ca = _step(_pick(seg_a, j, SEG_BLOCK - 1), _pick(seg_b, j, SEG_BLOCK - 1), ca)
 
     if ONE_CHUNK:
         n_iter = 1
@@ -201,10 +208,10 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
         if PHASE == 1:
             a_end = _pick(A, lanes, END)
             b_end = _pick(B, lanes, END)
-            ca = a_end + b_end * ca
+            ca = _step(a_end, b_end, ca)
             cb = b_end * cb
         else:
-            y = A + B * ca[:, None]
+            y = _step(A, B, ca[:, None])
             if NEED_PREV:
                 y_prev = _shifted(y, lanes, ca, DOWN)
                 if MIRROR:
