@@ -27,8 +27,7 @@ def gae(r, v, nv, nterm, ndone, g, l):
 
 
 def td_lambda_return(r, nv, nterm, ndone, g, l):
-    """G[t] = r + g*(1-term)*((1-l)*nv + l*G'[t+1]); G' = nv where done (and at t = T-1, which
-    the backends pass as done)."""
+    """G[t] = r + g*(1-term)*((1-l)*nv + l*G'[t+1]); G' = nv where done (carry nv[T-1])."""
     return r + where(nterm == 0, 0.0, g * nterm * nv * (1.0 - l * ndone)), where(ndone == 0, 0.0, g * l * ndone)
 
 

@@ -169,15 +169,14 @@ def gae_episode_starts_blocks(rewards, values, episode_starts, bootstrap_value, 
                 value_targets[i, t] = x + values[i, t]
 
 
-def td_lambda_return(rewards, next_values, terminated, done, truncated, last_done, gamma, lmbda, done_mode, returns):
+def td_lambda_return(rewards, next_values, carry, terminated, done, truncated, last_done, gamma, lmbda, done_mode,
+                     returns):
     R, T = rewards.shape
     for i in prange(R):
-        acc = 0.0
+        acc = carry[i] * 1.0
         for t in range(T - 1, -1, -1):
             nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, min(t + 1, T - 1)], truncated[i, t],
                                   last_done[i], done_mode, t == T - 1)
-            if t == T - 1:
-                ndone = 0.0  # G' = V(s_T) at the window end, as at a done
             a, b = _c_td_lambda_return(rewards[i, t], next_values[i, t], nterm, ndone, gamma[i, t] * 1.0,
                                        lmbda[i, t])
             acc = _c_step(a, b, acc)

@@ -237,12 +237,13 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     if c.empty:
         return c.empty_outputs()
     if fused:
-        return c.run_fused(spec.TD_LAMBDA_RETURN, rewards=c.r(rewards), next_values=c.r(next_values),
+        nv = c.r(next_values)
+        return c.run_fused(spec.TD_LAMBDA_RETURN, rewards=c.r(rewards), next_values=nv, carry=nv[:, -1],
                            **c.fused_flags(), gamma=c.r(g), lmbda=c.r(l))
+    nv = c.f(next_values)
     nterm, ndone = c.composed_flags()
-    ndone = torch.cat([ndone[:, :-1], torch.zeros_like(ndone[:, -1:])], 1)  # G' = V(s_T) at the window end
-    alpha, beta = C.td_lambda_return(c.f(rewards), c.f(next_values), nterm, ndone, c.f(g), c.f(l))
-    return c.results([scan.scan(alpha, beta, c.f_row(None), True, c.backend)])
+    alpha, beta = C.td_lambda_return(c.f(rewards), nv, nterm, ndone, c.f(g), c.f(l))
+    return c.results([scan.scan(alpha, beta, nv[:, -1], True, c.backend)])
 
 
 def discounted_return(rewards, *, terminated=None, truncated=None, done=None, next_values=None,

@@ -110,7 +110,7 @@ GAE = Algorithm(
 
 TD_LAMBDA_RETURN = Algorithm(
     "td_lambda_return",
-    (*_f2("rewards", "next_values"), *FLAGS, *_f2("gamma", "lmbda"), Arg("done_mode", "i")),
+    (*_f2("rewards", "next_values"), Arg("carry", "f1"), *FLAGS, *_f2("gamma", "lmbda"), Arg("done_mode", "i")),
     ("returns",), reverse=True)
 
 DISCOUNTED_RETURN = Algorithm(

@@ -148,7 +148,6 @@ def gae_store(ins, outs, rows, t, mask, y, y_prev, v, T, ACC: tl.constexpr):
 @triton.jit
 def td_lambda_return_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     nterm, ndone = _flags(ins, TD_LAMBDA_RETURN.terminated, rows, t, mask, T, ACC)
-    ndone = tl.where((t == T - 1)[None, :], 0.0, ndone)  # G' = V(s_T) at the window end, as at a done
     r = load(ins[TD_LAMBDA_RETURN.rewards], rows, t, mask, ACC)
     nv = load(ins[TD_LAMBDA_RETURN.next_values], rows, t, mask, ACC)
     g = coef(ins[TD_LAMBDA_RETURN.gamma], rows, t, mask, ACC)
