@@ -13,6 +13,7 @@ stand-ins; in time-major memory they advance blocks of rows through time togethe
 from __future__ import annotations
 
 import functools
+import threading
 import types as pytypes
 
 import numpy as np
@@ -279,6 +280,10 @@ _compiled: dict = {}
 # from this many elements on, rows run in parallel: below it starting the thread pool costs more
 # than it saves (re-tune: python benchmarks/torchrl_cpu.py and benchmarks/run.py --cpu)
 PARALLEL_MIN_ELEMENTS = 1 << 15
+# parallel kernels run one at a time: numba's workqueue threading layer (its fallback where
+# neither TBB nor OpenMP loads) aborts the process when two threads enter parallel code at once,
+# and a parallel kernel already uses every core
+_PARALLEL = threading.Lock()
 
 
 def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
@@ -429,4 +434,9 @@ def run(algo: spec.Algorithm, dtype: torch.dtype, args, outs) -> None:
     converted = [_adapt(k, a, rows, steps, dtype) for k, a in zip(arg_kinds, args)]
     converted += [o.numpy() for o in outs]
     parallel = rows > 1 and rows * steps >= PARALLEL_MIN_ELEMENTS
-    _kernel(fn, (*arg_kinds, *("o2",) * len(outs)), np_dtype, parallel)(*converted)
+    kernel = _kernel(fn, (*arg_kinds, *("o2",) * len(outs)), np_dtype, parallel)
+    if parallel:
+        with _PARALLEL:
+            kernel(*converted)
+    else:
+        kernel(*converted)

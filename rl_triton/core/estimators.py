@@ -62,6 +62,9 @@ class _Call:
         if episode_starts is not None or last_done is not None:
             return self._observation_aligned(terminated, truncated, done, episode_starts, last_done)
         if align:
+            if done is not None and isinstance(done, torch.Tensor) and done.ndim <= self.rows.tdim:
+                raise ValueError(f"done must cover {self.rows.ref_name}'s dims up to the time dim "
+                                 f"({self.rows.tdim + 1} or more dims), got shape {tuple(done.shape)}")
             terminated, truncated, done = (
                 inputs.align_leading(f, self.rows.ref.ndim, self.rows.tdim) for f in (terminated, truncated, done)
             )
@@ -129,12 +132,21 @@ class _Call:
             if not isinstance(out, (tuple, list)) or len(out) != n_out:
                 raise TypeError(f"out must be a tuple of {n_out} tensors")
             self.out = [self.rows.check_out(o, f"out[{i}]") for i, o in enumerate(out)]
+            if inputs.shares_memory(self.out[0], self.out[1]):
+                raise ValueError("out[0] and out[1] share memory; pass two separate tensors")
         self.backend = launch.resolve_backend(backend, self.rows.device)
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in self.grad_inputs)
-        if needs_grad and out is not None:
+        self.needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in self.grad_inputs)
+        if self.needs_grad and out is not None:
             raise ValueError("out= does not support autograd; call without out= to get gradients")
         self.empty = self.rows.R == 0 or self.rows.T == 0
-        return self.backend != "torch" and not needs_grad
+        self.aliased = [False] * n_out if out is None else self._aliased()
+        return self.backend != "torch" and not self.needs_grad
+
+    def _aliased(self) -> list:
+        """Which outputs overlap an input: those are computed into fresh memory and copied."""
+        tensors = [t for t in (*self.grad_inputs, self.term, self.done, self.trunc, self.last_done)
+                   if isinstance(t, torch.Tensor)]
+        return [any(inputs.shares_memory(o, t) for t in tensors) for o in self.out]
 
     def results(self, ys):
         """Outputs in the caller's layout from ``[R, T]`` results (None: nothing computed, T = 0)."""
@@ -144,11 +156,19 @@ class _Call:
         return outs if len(outs) > 1 else outs[0]
 
     def empty_outputs(self):
-        return self.results([None] * len(self.out))
+        """The outputs of an empty call; where gradients are needed, still part of the graph."""
+        outs = self.results([None] * len(self.out))
+        if not self.needs_grad:
+            return outs
+        link = sum(t.reshape(-1)[:0].sum() for t in self.grad_inputs if t.requires_grad)
+        outs = tuple(o + link for o in (outs if isinstance(outs, tuple) else (outs,)))
+        return outs if len(outs) > 1 else outs[0]
 
     def run_fused(self, algo: spec.Algorithm, **args):
         """Run ``algo``'s fused kernel on ``[R, T]`` views of the named arguments."""
-        results = launch.run(algo, self.backend, self.cd, algo.bind(**args), self.rows, self.out)
+        given = [None if a else o for o, a in zip(self.out, self.aliased)]
+        results = launch.run(algo, self.backend, self.cd, algo.bind(**args), self.rows, given)
+        results = tuple(o.copy_(r) if a else r for r, o, a in zip(results, self.out, self.aliased))
         return results if len(results) > 1 else results[0]
 
     # -- the [R, T] views the kernels and the composed path read ---------------------------

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 import os
-from numbers import Real
+from numbers import Integral, Real
 
 import torch
 
 FLOAT_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 FLAG_DTYPES = frozenset((
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+    torch.bool, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int8, torch.int16, torch.int32,
+    torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64,
 ))
 
 
@@ -46,6 +46,8 @@ _CHECK_MODES = {"1": True, "true": True, "on": True, "yes": True, "0": False, "f
 def check_tensor(x, name: str, *, dtypes=FLOAT_DTYPES, kind: str = "a floating-point") -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
     if x.dtype not in dtypes:
         raise TypeError(f"{name} must be {kind} tensor, got dtype {x.dtype}")
     return x
@@ -89,8 +91,9 @@ class Rows:
     """
 
     def __init__(self, ref: torch.Tensor, ref_name: str, time_dim, dtype: torch.dtype):
-        if isinstance(time_dim, bool) or not isinstance(time_dim, int):
+        if isinstance(time_dim, bool) or not isinstance(time_dim, Integral):
             raise TypeError(f"time_dim must be an int, got {type(time_dim).__name__}")
+        time_dim = int(time_dim)
         if ref.ndim == 0:
             raise ValueError(f"{ref_name} must have a time dimension, got a 0-d tensor")
         if not -ref.ndim <= time_dim < ref.ndim:
@@ -112,7 +115,7 @@ class Rows:
     def value(self, x, name: str, *, shape=None) -> torch.Tensor:
         """A float input of this call: same dtype and device, broadcastable to ``shape``."""
         if type(x) is torch.Tensor and x.dtype == self.dtype and x.shape == (self.shape if shape is None else shape) \
-                and x.device == self.device:
+                and x.device == self.device and x.layout == torch.strided:
             return x
         check_tensor(x, name)
         self._same_device(x, name)
@@ -126,7 +129,7 @@ class Rows:
         if x is None:
             return None
         if type(x) is torch.Tensor and x.shape == (self.shape if shape is None else shape) and x.dtype in FLAG_DTYPES \
-                and x.device == self.device:
+                and x.device == self.device and x.layout == torch.strided:
             return x
         check_tensor(x, name, dtypes=FLAG_DTYPES, kind="a bool, integer or float")
         self._same_device(x, name)
@@ -182,6 +185,11 @@ class Rows:
                 f"{name} must have shape {tuple(self.shape)} and dtype {self.dtype}, "
                 f"got {tuple(out.shape)} {out.dtype}"
             )
+        if out.requires_grad:
+            raise ValueError(f"{name} requires grad: out= is written in place; pass a tensor that does not")
+        if has_internal_overlap(out):
+            raise ValueError(f"{name} has elements that share memory (an expanded or stride-0 view); "
+                             f"pass a tensor whose elements are distinct")
         return out
 
     def output(self, out: torch.Tensor | None = None):
@@ -208,6 +216,34 @@ class Rows:
         else:
             out.movedim(self.tdim, -1).copy_(y.reshape(self.row_shape + (self.T,)))
         return out
+
+
+def has_internal_overlap(x: torch.Tensor) -> bool:
+    """Whether two elements of ``x`` share memory: with its dims sorted by stride, each stride must
+    step past everything the smaller strides reach."""
+    reach = 0
+    for stride, size in sorted((abs(st), sz) for st, sz in zip(x.stride(), x.shape) if sz > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` may overlap in memory (both non-empty views of one storage whose
+    byte ranges meet)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    return _byte_range(a)[0] < _byte_range(b)[1] and _byte_range(b)[0] < _byte_range(a)[1]
+
+
+def _byte_range(x: torch.Tensor) -> tuple[int, int]:
+    start = x.data_ptr()
+    lo = sum(st * (sz - 1) for st, sz in zip(x.stride(), x.shape) if st < 0)
+    hi = sum(st * (sz - 1) for st, sz in zip(x.stride(), x.shape) if st > 0)
+    return start + lo * x.element_size(), start + (hi + 1) * x.element_size()
 
 
 def align_leading(x: torch.Tensor | None, ref_ndim: int, tdim: int) -> torch.Tensor | None:

@@ -42,15 +42,15 @@ def resolve_backend(backend, device: torch.device) -> str:
     """The backend for tensors on ``device``; ``None`` reads ``RL_TRITON_BACKEND``."""
     if backend is None:
         backend = inputs.env("RL_TRITON_BACKEND") or "auto"
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
     key = (backend, device.type)
     if key not in _resolved:
         _resolved[key] = _resolve(backend, device)
     return _resolved[key]
 
 
-def _resolve(backend, device: torch.device) -> str:
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
+def _resolve(backend: str, device: torch.device) -> str:
     name = backend.strip().lower()
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -43,8 +43,8 @@ class _AffineScan(torch.autograd.Function):
 
 def scan(alpha, beta, carry, reverse: bool, backend: str):
     """Differentiable affine scan of ``[R, T]`` float tensors (``carry``: ``[R]``)."""
-    if alpha.shape[1] == 0:
-        return alpha.clone()
+    if alpha.shape[1] == 0:  # the empty result, still part of the graph of every input
+        return alpha + beta + carry[:, None][:, :0]
     if torch.is_grad_enabled() and any(t.requires_grad for t in (alpha, beta, carry)):
         return _AffineScan.apply(alpha, beta, carry, reverse, backend)
     return launch.scan_rows(alpha, beta, carry, reverse, backend)

@@ -1,0 +1,174 @@
+"""Aliasing, unsafe outputs, empty windows with autograd, argument forms and concurrent CPU
+calls: each case once failed (docs/semantics.md, "Non-finite values and aliasing" and section 8)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import rl_triton as rt
+
+N, T = 3, 9
+
+
+def _data(seed, *shape, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*(shape or (N, T)), generator=g, dtype=torch.float64).to(dtype)
+
+
+def _done(seed=7):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(N, T, generator=g) < 0.25
+
+
+# name -> (number of positional float inputs, number of outputs)
+CALLS = {
+    "gae": (2, 2),
+    "td_lambda_return": (2, 1),
+    "discounted_return": (1, 1),
+    "vtrace": (4, 2),
+    "retrace": (4, 1),
+    "eligibility_trace": (1, 1),
+    "episodic_cumsum": (1, 1),
+}
+
+
+def _inputs(name):
+    args = [_data(i) for i in range(CALLS[name][0])]
+    kwargs = {"done": _done()}
+    if name in ("vtrace", "retrace"):
+        args[2], args[3] = 0.3 * args[2], 0.3 * args[3]
+    if name == "retrace":
+        kwargs["next_expected_q"] = _data(9)
+    return args, kwargs
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_out_aliasing_an_input_gives_the_unaliased_result(name, backend):
+    """out= may be any input's memory: the result equals the call without out=, on every backend."""
+    args, kwargs = _inputs(name)
+    n_out = CALLS[name][1]
+    want = getattr(rt, name)(*args, **kwargs, backend=backend)
+    want = want if isinstance(want, tuple) else (want,)
+    floats = [a for a in args] + [v for v in kwargs.values() if v.is_floating_point()]
+    for victim in range(len(floats)):
+        a2 = [a.clone() for a in args]
+        k2 = {k: v.clone() for k, v in kwargs.items()}
+        inputs_now = a2 + [v for v in k2.values() if v.is_floating_point()]
+        out = [inputs_now[victim]] + [torch.empty_like(a2[0]) for _ in range(n_out - 1)]
+        got = getattr(rt, name)(*a2, **k2, backend=backend, out=tuple(out) if n_out > 1 else out[0])
+        got = got if isinstance(got, tuple) else (got,)
+        for g_, w in zip(got, want):
+            torch.testing.assert_close(g_, w, rtol=1e-12, atol=1e-12)
+
+
+def test_outputs_sharing_memory_are_rejected(cpu_backend):
+    r, v = _data(0), _data(1)
+    both = torch.empty_like(r)
+    with pytest.raises(ValueError, match="share memory"):
+        rt.gae(r, v, out=(both, both[:]), backend=cpu_backend)
+
+
+@pytest.mark.parametrize("kind", ["expanded", "requires_grad"])
+def test_unsafe_out_is_rejected(kind, backend):
+    r, v = _data(0), _data(1)
+    if kind == "expanded":
+        out = torch.empty(T, dtype=r.dtype).expand(N, T)
+        match = "share memory"
+    else:
+        out = torch.zeros(N, T, dtype=r.dtype, requires_grad=True)
+        match = "requires grad"
+    with pytest.raises(ValueError, match=match):
+        rt.td_lambda_return(r, v, out=out, backend=backend)
+    with pytest.raises(ValueError, match=match):
+        rt.affine_scan(r, v, out=out, backend=backend)
+
+
+def test_done_must_cover_the_time_dim():
+    with pytest.raises(ValueError, match="done must cover"):
+        rt.episodic_cumsum(torch.ones(2, 5, 2), done=torch.tensor([True, False]), time_dim=1)
+
+
+@pytest.mark.parametrize("name", list(CALLS) + ["affine_scan"])
+def test_empty_window_keeps_the_graph(name, cpu_backend):
+    """T = 0 with inputs that require grad: outputs have a grad_fn and backward() runs."""
+    n_pos = CALLS[name][0] if name in CALLS else 2
+    args = [torch.zeros(2, 0, dtype=torch.float64, requires_grad=(i == n_pos - 1)) for i in range(n_pos)]
+    kwargs = {"next_expected_q": torch.zeros(2, 0, dtype=torch.float64)} if name == "retrace" else {}
+    out = getattr(rt, name)(*args, **kwargs, backend=cpu_backend)
+    out = out if isinstance(out, tuple) else (out,)
+    assert all(o.shape == (2, 0) and o.grad_fn is not None for o in out)
+    sum(o.sum() for o in out).backward()
+    assert args[-1].grad is not None and args[-1].grad.shape == (2, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_unsigned_flags(dtype, backend):
+    r, v, done = _data(0), _data(1), _done()
+    want = rt.gae(r, v, done=done, backend=backend)
+    got = rt.gae(r, v, done=done.to(dtype), backend=backend)
+    for g_, w in zip(got, want):
+        torch.testing.assert_close(g_, w, rtol=0, atol=0)
+
+
+def test_numpy_integer_time_dim():
+    r, v = _data(0), _data(1)
+    for td in (np.int64(0), np.int32(-2)):
+        got = rt.gae(r.t(), v.t(), time_dim=td)[0]
+        torch.testing.assert_close(got.t(), rt.gae(r, v)[0])
+
+
+def test_backend_of_the_wrong_type():
+    r, v = _data(0), _data(1)
+    with pytest.raises(TypeError, match="backend must be a string"):
+        rt.gae(r, v, backend=["cpu"])
+
+
+@pytest.mark.parametrize("which", ["rewards", "values", "done", "out"])
+def test_sparse_tensors_are_rejected(which):
+    r, v, done = _data(0), _data(1), _done()
+    kw = {"rewards": r, "values": v, "done": done}
+    if which == "out":
+        kw["out"] = (torch.zeros(N, T, dtype=r.dtype).to_sparse(), torch.empty_like(r))
+    else:
+        kw[which] = kw[which].to_sparse()
+    with pytest.raises(TypeError, match="dense"):
+        rt.gae(kw.pop("rewards"), kw.pop("values"), **kw)
+
+
+_CONCURRENT = textwrap.dedent("""
+    import threading, torch, rl_triton as rt
+    g = torch.Generator().manual_seed(0)
+    r, v = torch.randn(16, 4096, generator=g), torch.randn(16, 4096, generator=g)
+    d = torch.rand(16, 4096, generator=g) < 0.01
+    want = rt.gae(r, v, done=d, backend="cpu")
+    bad = []
+    def work():
+        for _ in range(20):
+            got = rt.gae(r, v, done=d, backend="cpu")
+            bad.extend(i for i in range(2) if not torch.equal(got[i], want[i]))
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    print("mismatches", len(bad))
+""")
+
+
+@pytest.mark.parametrize("layer", ["workqueue", "default"])
+def test_concurrent_cpu_calls(layer):
+    """8 Python threads calling the numba backend at once (parallel kernels): no abort, and the
+    serial results bit for bit, under numba's workqueue threading layer too."""
+    pytest.importorskip("numba")
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    if layer != "default":
+        env["NUMBA_THREADING_LAYER"] = layer
+    done = subprocess.run([sys.executable, "-c", _CONCURRENT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("mismatches 0"), done.stdout
