@@ -1,0 +1,163 @@
+"""Compile every engine launch of a set of public calls to sm_90 PTX without a GPU, and compare
+two checkouts: an engine change whose PTX is unchanged cannot change device time.
+
+Triton's dispatch runs with a stand-in driver (device 0, target sm_90) and compiles each launch
+with ``warmup=True`` instead of launching it; the launch plan sees the H200's 132
+multiprocessors. Shapes and call forms follow the GPU benchmark's.
+
+    python benchmarks/engine_ptx.py --root . --json new.json            # this checkout
+    python benchmarks/engine_ptx.py --root OTHER_CHECKOUT --json old.json
+    python benchmarks/engine_ptx.py --compare old.json new.json
+
+It needs triton (3.6 is the GPU image's) and torch, no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+
+SHAPES = ((4096, 128), (32768, 8), (8, 32768), (16384, 512), (128, 4096), (16384, 4096), (257, 999))
+MULTIPROCESSORS = 132  # the H200's
+
+
+def _calls(rt, torch, R, T, dtype, g):
+    def x(*shape):
+        return torch.randn(*(shape or (R, T)), generator=g).to(dtype)
+
+    r, v, nv, lp, lm = x(), x(), x(), x(), x()
+    term = torch.rand(R, T, generator=g) < 0.02
+    trunc = torch.rand(R, T, generator=g) < 0.02
+    done = term | trunc
+    boot = x(R)
+    kw = dict(backend="triton")
+    return {
+        "gae": lambda: rt.gae(r, v, bootstrap_value=boot, done=done, **kw),
+        "gae_terminated": lambda: rt.gae(r, v, bootstrap_value=boot, terminated=term, **kw),
+        "gae_episode_starts": lambda: rt.gae(r, v, bootstrap_value=boot, episode_starts=term, last_done=term[:, -1],
+                                             **kw),
+        "gae_gym": lambda: rt.gae(r, v, next_values=nv, terminated=term, truncated=trunc, gamma=x() * 0 + 0.9, **kw),
+        "td_lambda_return": lambda: rt.td_lambda_return(r, nv, done=done, terminated=term, **kw),
+        "td_lambda_return_done": lambda: rt.td_lambda_return(r, nv, done=done, **kw),
+        "discounted_return": lambda: rt.discounted_return(r, next_values=nv, terminated=term, truncated=trunc, **kw),
+        "discounted_return_mc": lambda: rt.discounted_return(r, done=done, **kw),
+        "vtrace": lambda: rt.vtrace(r, v, lp, lm, next_values=nv, terminated=term, truncated=trunc, **kw),
+        "vtrace_done": lambda: rt.vtrace(r, v, lp, lm, done=done, **kw),
+        "retrace": lambda: rt.retrace(r, v, lp, lm, next_expected_q=nv, done=done, **kw),
+        "retrace_pairs": lambda: rt.retrace(r, v, lp, lm, next_pi=x(R, T, 3), next_q=x(R, T, 3), terminated=term,
+                                            truncated=trunc, **kw),
+        "eligibility_trace": lambda: rt.eligibility_trace(r, done=done, gamma=0.9, initial=boot, **kw),
+        "episodic_cumsum": lambda: rt.episodic_cumsum(r, done=done, **kw),
+        "affine_scan": lambda: rt.affine_scan(r, v, initial=boot, **kw),
+        "affine_scan_forward": lambda: rt.affine_scan(r, v, reverse=False, **kw),
+    }
+
+
+def collect(root: str | None) -> dict:
+    """{call: [PTX of each launch]} (or an error text) for this checkout or ``root``."""
+    if root:
+        sys.path.insert(0, root)
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class StandIn:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    driver.set_active(StandIn())
+    import rl_triton as rt
+    from rl_triton.core import kernels
+
+    print(f"rl_triton from {rt.__file__}, triton {triton.__version__}", flush=True)
+    kernels.INTERPRET = True  # CPU tensors take the Triton backend; nothing is launched
+    kernels._multiprocessors = lambda device: MULTIPROCESSORS
+    engine, captured = kernels.scan_kernel, []
+
+    class Compile:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                kernel = engine.run(*args, grid=grid, warmup=True, **kwargs)
+                captured.append((kernel.result() if hasattr(kernel, "result") else kernel).asm["ptx"])
+            return launch
+
+    kernels.scan_kernel = Compile()
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for R, T in SHAPES:
+        dtypes = (torch.float32, torch.float64, torch.bfloat16) if (R, T) in ((4096, 128), (257, 999)) else (
+            torch.float32,)
+        for dtype in dtypes:
+            for name, call in _calls(rt, torch, R, T, dtype, g).items():
+                captured.clear()
+                try:
+                    call()
+                    out[f"{name} {R}x{T} {str(dtype)[6:]}"] = list(captured)
+                except Exception as e:  # a call that fails to compile is reported, the others still run
+                    out[f"{name} {R}x{T} {str(dtype)[6:]}"] = f"ERROR {type(e).__name__}: {str(e)[-1500:]}"
+    return out
+
+
+def _instructions(ptx: str) -> list[str]:
+    """The kernel's instructions, without debug sections, comments and kernel names."""
+    body = re.split(r"\.section\s*\.debug", ptx)[0]
+    lines = []
+    for line in body.splitlines():
+        line = line.strip()
+        if line and not line.startswith((".loc", ".file", "//", "$L__")):
+            lines.append(re.sub(r"scan_kernel\w*", "K", line))
+    return lines
+
+
+def compare(old_path: str, new_path: str) -> None:
+    with open(old_path) as f:
+        old = json.load(f)
+    with open(new_path) as f:
+        new = json.load(f)
+    same = 0
+    for key, a in old.items():
+        b = new.get(key)
+        if isinstance(a, str) or isinstance(b, str) or b is None:
+            print(f"{key}: {'missing' if b is None else (a if isinstance(a, str) else b)[:200]}")
+            continue
+        for i, (pa, pb) in enumerate(zip(a, b)):
+            ia, ib = _instructions(pa), _instructions(pb)
+            if ia == ib:
+                same += 1
+                continue
+            diff = [d for d in difflib.unified_diff(ia, ib, lineterm="", n=0) if d[:3] not in ("---", "+++", "@@ ")]
+            print(f"{key} launch {i}: {len(ia)} -> {len(ib)} lines, {len(diff)} differ, e.g. {diff[:4]}")
+        if len(a) != len(b):
+            print(f"{key}: {len(a)} -> {len(b)} launches")
+    print(f"{same} launches with identical PTX")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--root", help="a checkout whose rl_triton to compile (default: this one)")
+    p.add_argument("--json", help="write {call: [PTX]} here")
+    p.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two --json files")
+    args = p.parse_args()
+    if args.compare:
+        return compare(*args.compare)
+    out = collect(args.root)
+    errors = sum(isinstance(v, str) for v in out.values())
+    print(f"{len(out)} calls compiled, {errors} failed")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()
