@@ -172,3 +172,43 @@ def test_concurrent_cpu_calls(layer):
     done = subprocess.run([sys.executable, "-c", _CONCURRENT], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("mismatches 0"), done.stdout
+
+
+def test_cuda_tensors_without_triton_name_the_install(monkeypatch):
+    """Where triton is missing, CUDA tensors get an error naming what to install, not a silent
+    fall-back to the per-step loop."""
+    pytest.importorskip("triton")
+    from rl_triton.core import kernels, launch
+
+    monkeypatch.setattr(kernels, "AVAILABLE", False)
+    for backend in ("auto", "triton"):
+        with pytest.raises(ValueError, match=r"\.\[gpu\]"):
+            launch._resolve(backend, torch.device("cuda"))
+    assert launch._resolve("torch", torch.device("cuda")) == "torch"
+
+
+def test_affine_scan_takes_a_number_beta(backend):
+    alpha = _data(0)
+    want = rt.affine_scan(alpha, torch.full_like(alpha, 0.5), backend=backend)
+    for beta in (0.5, torch.tensor(0.5, dtype=alpha.dtype)):
+        torch.testing.assert_close(rt.affine_scan(alpha, beta, backend=backend), want, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="beta must be a number or a torch.Tensor"):
+        rt.affine_scan(alpha, "0.5", backend=backend)
+
+
+def test_interpreter_switched_on_after_import_is_explained():
+    """TRITON_INTERPRET=1 set after triton was imported: a message that says to set it first."""
+    pytest.importorskip("triton")
+    code = textwrap.dedent("""
+        import os, torch, rl_triton as rt
+        os.environ["TRITON_INTERPRET"] = "1"
+        x = torch.zeros(2, 3)
+        try:
+            rt.gae(x, x, backend="triton")
+        except Exception as e:
+            print(type(e).__name__, e)
+    """)
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "before the first import" in done.stdout, done.stdout + done.stderr

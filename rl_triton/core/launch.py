@@ -55,7 +55,10 @@ def _resolve(backend: str, device: torch.device) -> str:
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if name == "auto":
-        if device.type == "cuda" and triton_usable(device):
+        if device.type == "cuda":
+            if not _kernels().AVAILABLE:
+                raise ValueError("CUDA tensors run on the Triton backend, which needs triton: "
+                                 "pip install -e '.[gpu]' (or pass backend='torch')")
             return "triton"
         if device.type == "cpu" and cpu.AVAILABLE:
             return "cpu"
@@ -66,6 +69,8 @@ def _resolve(backend: str, device: torch.device) -> str:
         if device.type != "cpu":
             raise ValueError(f"backend='cpu' runs CPU tensors, got tensors on {device}")
     if name == "triton" and not triton_usable(device):
+        if not _kernels().AVAILABLE:
+            raise ValueError("backend='triton' needs triton: pip install -e '.[gpu]'")
         raise ValueError(
             f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors), got {device}"
         )

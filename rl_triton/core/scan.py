@@ -9,6 +9,8 @@ pass is one more scan on the same backend (and is itself differentiable).
 
 from __future__ import annotations
 
+from numbers import Real
+
 import torch
 
 from . import inputs, launch
@@ -54,10 +56,14 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
     """Solve ``y[t] = alpha[t] + beta[t] * y[t+1]`` (``reverse=True``, ``y[T] = initial``) or
     ``y[t] = alpha[t] + beta[t] * y[t-1]`` (``reverse=False``, ``y[-1] = initial``) along ``time_dim``.
 
-    ``alpha`` and ``beta`` broadcast to one shape; ``initial`` (default 0) has that shape without
-    the time dim. Differentiable in every tensor argument.
+    ``alpha`` and ``beta`` broadcast to one shape (``beta`` may be a number); ``initial`` (default 0)
+    has that shape without the time dim. Differentiable in every tensor argument.
     """
     inputs.check_tensor(alpha, "alpha")
+    if isinstance(beta, Real) and not isinstance(beta, bool):
+        beta = torch.tensor(float(beta), dtype=alpha.dtype, device=alpha.device)
+    elif not isinstance(beta, torch.Tensor):
+        raise TypeError(f"beta must be a number or a torch.Tensor, got {type(beta).__name__}")
     inputs.check_tensor(beta, "beta")
     if not isinstance(reverse, bool):
         raise TypeError(f"reverse must be a bool, got {type(reverse).__name__}")

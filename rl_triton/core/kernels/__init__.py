@@ -216,7 +216,14 @@ def _launch(key, config: _Config, args, direct, ws, runtime, phase, idx):
         kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
                    *direct, ws.data_ptr(), *runtime, *constexprs, idx)
         return
-    kernel = scan_kernel[grid](*args, ws, *runtime, *constexprs, idx, num_warps=config.num_warps)
+    try:
+        kernel = scan_kernel[grid](*args, ws, *runtime, *constexprs, idx, num_warps=config.num_warps)
+    except Exception as e:
+        if "outside of the scope of a kernel" in str(e):  # jit functions built before TRITON_INTERPRET=1 was set
+            raise RuntimeError("TRITON_INTERPRET=1 was set after triton was imported in this process; set it "
+                               "before the first import of rl_triton, torch and triton (for example in the "
+                               "shell: TRITON_INTERPRET=1 python ...)") from e
+        raise
     if not INTERPRET and hasattr(kernel, "packed_metadata") and hasattr(kernel, "function"):
         _compiled[key] = kernel
 
