@@ -19,7 +19,7 @@ or the functionals, with TorchRL's signatures, shapes and return conventions::
     adv, value_target = rt_torchrl.generalized_advantage_estimate(
         gamma, lmbda, state_value, next_state_value, reward, done, terminated, time_dim=-2)
 
-Conventions mapped here (docs/semantics.md, section 11): TorchRL's flags are already
+Conventions mapped here (docs/semantics.md, section 12): TorchRL's flags are already
 transition-aligned, ``done`` cuts the trace and ``terminated`` (default: ``done``) removes the
 bootstrap, so they pass straight through as ``done=``/``terminated=``, with
 ``next_values=next_state_value`` explicit. The time dim is moved exactly as TorchRL moves it

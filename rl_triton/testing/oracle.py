@@ -1,11 +1,16 @@
 """Independent float64 reference for rl_triton.
 
 Written directly from the formulas of docs/semantics.md (section 6 for each algorithm, with
-the flag rules of section 2 and the window bootstrap of section 3), one plain Python loop per
-algorithm over rows and time.  It shares no code with the library (this module never imports
-``rl_triton``) and does not use the alpha/beta affine rewriting of the estimators (except for
-``affine_scan`` itself, which *is* that recurrence), so agreement with the library also checks
-the library's rewriting.
+the flag rules of section 2, the window bootstrap of section 3 and the rules for non-finite
+values of section 11), one plain Python loop per algorithm over rows and time. It shares no code
+with the library (this module never imports ``rl_triton``) and does not use the alpha/beta
+affine rewriting of the estimators (except for ``affine_scan`` itself, which *is* that
+recurrence), so agreement with the library also checks the library's rewriting.
+
+Flags and zero coefficients select terms: a term that a flag switches off, or whose coefficient
+is exactly 0, is left out of the sum, never multiplied by 0, so an inf or NaN in it does not
+reach the result (``0 * inf`` would be NaN). Everything else is plain IEEE arithmetic: inf and
+NaN are values here, not errors or warnings.
 
 Conventions
 -----------
@@ -18,8 +23,6 @@ rl_triton.testing.catalog maps a library call's arguments to these arrays.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -44,6 +47,28 @@ def _b(x):
     return np.asarray(x) != 0
 
 
+def _ieee(fn):
+    """Run ``fn`` with numpy's floating-point warnings off: an overflow to inf, ``inf - inf``
+    or ``0 * inf`` gives its IEEE value silently."""
+
+    def quiet(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return fn(*args, **kwargs)
+
+    quiet.__name__, quiet.__doc__ = fn.__name__, fn.__doc__
+    return quiet
+
+
+def _ratio(log_pi, log_mu):
+    """The importance ratio exp(log_pi - log_mu) (inf where it overflows)."""
+    return np.exp(log_pi - log_mu)
+
+
+def _clip(ratio, bar):
+    """min(bar, ratio), NaN where the ratio is NaN (as torch.minimum; Python's min drops it)."""
+    return bar if ratio > bar else ratio
+
+
 def implied_next_values(values, bootstrap=None):
     """next_values[t] = values[t+1] for t < T-1 and bootstrap (default 0) at t = T-1."""
     values = _f(values)
@@ -58,8 +83,10 @@ def implied_next_values(values, bootstrap=None):
     return nv
 
 
+@_ieee
 def gae(rewards, values, next_values, term, done, gamma, lmbda):
-    """GAE.  delta[t] = r + g(1-term) nv - v ;  A[t] = delta + g l (1-done) A[t+1], A[T] = 0.
+    """GAE.  delta[t] = r - v + (g nv unless term) ;
+    A[t] = delta + (g l A[t+1] unless done or g l = 0), A[T] = 0.
 
     Returns (advantages, value_targets = advantages + values).
     """
@@ -69,11 +96,15 @@ def gae(rewards, values, next_values, term, done, gamma, lmbda):
     adv = np.zeros((R, T))
     for i in range(R):
         for t in reversed(range(T)):
-            not_term = 0.0 if term[i, t] else 1.0
-            not_done = 0.0 if done[i, t] else 1.0
-            delta = r[i, t] + g[i, t] * not_term * nv[i, t] - v[i, t]
-            a_next = adv[i, t + 1] if t + 1 < T else 0.0
-            adv[i, t] = delta + g[i, t] * lam[i, t] * not_done * a_next
+            if term[i, t]:
+                delta = r[i, t] - v[i, t]
+            else:
+                delta = r[i, t] + g[i, t] * nv[i, t] - v[i, t]
+            adv[i, t] = delta
+            decay = g[i, t] * lam[i, t]
+            if not done[i, t] and decay != 0:
+                a_next = adv[i, t + 1] if t + 1 < T else 0.0
+                adv[i, t] = delta + decay * a_next
     targets = np.zeros((R, T))
     for i in range(R):
         for t in range(T):
@@ -81,32 +112,37 @@ def gae(rewards, values, next_values, term, done, gamma, lmbda):
     return adv, targets
 
 
+@_ieee
 def td_lambda_return(rewards, next_values, term, done, gamma, lmbda):
-    """G[t] = r + g (1-term) ((1-l) nv[t] + l G'[t+1]),
-    G'[t+1] = nv[t] if done[t] or t = T-1 else G[t+1]."""
+    """G[t] = r                                                  if term[t],
+            = r + g nv[t]                                        if done[t],
+            = r + g (1-l) nv[t] + (g l G'[t+1] unless g l = 0)   otherwise,
+    G'[t+1] = nv[t] at t = T-1, else G[t+1]."""
     r, nv, g, lam = map(_f, (rewards, next_values, gamma, lmbda))
     term, done = _b(term), _b(done)
     R, T = r.shape
     G = np.zeros((R, T))
     for i in range(R):
         for t in reversed(range(T)):
-            if done[i, t] or t == T - 1:
-                g_next = nv[i, t]
+            if term[i, t]:
+                G[i, t] = r[i, t]
+            elif done[i, t]:  # the lambda-mixture of nv with itself is nv
+                G[i, t] = r[i, t] + g[i, t] * nv[i, t]
             else:
-                g_next = G[i, t + 1]
-            not_term = 0.0 if term[i, t] else 1.0
-            G[i, t] = r[i, t] + g[i, t] * not_term * (
-                (1.0 - lam[i, t]) * nv[i, t] + lam[i, t] * g_next
-            )
+                G[i, t] = r[i, t] + g[i, t] * (1.0 - lam[i, t]) * nv[i, t]
+                decay = g[i, t] * lam[i, t]
+                if decay != 0:
+                    g_next = nv[i, t] if t == T - 1 else G[i, t + 1]
+                    G[i, t] = G[i, t] + decay * g_next
     return G
 
 
+@_ieee
 def discounted_return(rewards, term, done, gamma, next_values=None, carry=None):
-    """Reward-to-go.  R[t] = r + g (1-term) * X with
-       X = nv[t]      if done[t] (truncation; irrelevant when terminated),
-       X = carry      if t = T-1 and not done,
-       X = R[t+1]     otherwise.
-    carry (per row) defaults to 0 (Monte Carlo)."""
+    """Reward-to-go.  R[t] = r                      if term[t],
+                            = r + g nv[t]            if done[t] (truncation),
+                            = r + (g X unless g = 0) otherwise,
+    X = carry at t = T-1, else R[t+1]; carry (per row) defaults to 0 (Monte Carlo)."""
     r, g = _f(rewards), _f(gamma)
     term, done = _b(term), _b(done)
     R, T = r.shape
@@ -117,56 +153,65 @@ def discounted_return(rewards, term, done, gamma, next_values=None, carry=None):
         for t in reversed(range(T)):
             if term[i, t]:
                 out[i, t] = r[i, t]
-                continue
-            if done[i, t]:
+            elif done[i, t]:
                 if nv is None:
                     raise ValueError("oracle: truncation without next_values")
-                x = nv[i, t]
-            elif t == T - 1:
-                x = c
+                out[i, t] = r[i, t] + g[i, t] * nv[i, t]
+            elif g[i, t] == 0:
+                out[i, t] = r[i, t]
             else:
-                x = out[i, t + 1]
-            out[i, t] = r[i, t] + g[i, t] * x
+                x = c if t == T - 1 else out[i, t + 1]
+                out[i, t] = r[i, t] + g[i, t] * x
     return out
 
 
+@_ieee
 def vtrace(rewards, values, next_values, log_pi, log_mu, term, done, gamma, lmbda,
            rho_bar, c_bar, rho_bar_pg):
     """V-trace (IMPALA), lambda as in rlax/TorchRL.
 
     ratio = exp(log_pi - log_mu); rho = min(rho_bar, ratio); c = l*min(c_bar, ratio)
-    delta[t] = rho (r + g (1-term) nv - v)
-    (vs - v)[t] = delta[t] + g (1-done) c[t] (vs - v)[t+1],  (vs - v)[T] = 0
-    pg[t] = min(rho_bar_pg, ratio) (r + g (1-term) vs_next - v),
+    delta[t] = rho (r - v + (g nv unless term))
+    (vs - v)[t] = delta[t] + (g c[t] (vs - v)[t+1] unless done or g c = 0),  (vs - v)[T] = 0
+    vs = v + (vs - v)
+    pg[t] = min(rho_bar_pg, ratio) (r - v + (g vs_next unless term)),
     vs_next = vs[t+1] if t < T-1 and not done[t] else nv[t].
     """
     r, v, nv, lp, lm, g, lam = map(_f, (rewards, values, next_values, log_pi, log_mu, gamma, lmbda))
     term, done = _b(term), _b(done)
     R, T = r.shape
+    diff = np.zeros((R, T))  # vs - v
     vs = np.zeros((R, T))
     pg = np.zeros((R, T))
     for i in range(R):
         for t in reversed(range(T)):
-            ratio = math.exp(lp[i, t] - lm[i, t])
-            rho = min(rho_bar, ratio)
-            c = lam[i, t] * min(c_bar, ratio)
-            not_term = 0.0 if term[i, t] else 1.0
-            not_done = 0.0 if done[i, t] else 1.0
-            delta = rho * (r[i, t] + g[i, t] * not_term * nv[i, t] - v[i, t])
-            diff_next = (vs[i, t + 1] - v[i, t + 1]) if t + 1 < T else 0.0
-            vs[i, t] = v[i, t] + delta + g[i, t] * not_done * c * diff_next
+            ratio = _ratio(lp[i, t], lm[i, t])
+            rho = _clip(ratio, rho_bar)
+            c = lam[i, t] * _clip(ratio, c_bar)
+            if term[i, t]:
+                delta = rho * (r[i, t] - v[i, t])
+            else:
+                delta = rho * (r[i, t] + g[i, t] * nv[i, t] - v[i, t])
+            diff[i, t] = delta
+            trace = g[i, t] * c
+            if not done[i, t] and trace != 0:
+                diff_next = diff[i, t + 1] if t + 1 < T else 0.0
+                diff[i, t] = delta + trace * diff_next
+            vs[i, t] = v[i, t] + diff[i, t]
         for t in range(T):
-            ratio = math.exp(lp[i, t] - lm[i, t])
-            rho_pg = min(rho_bar_pg, ratio)
+            rho_pg = _clip(_ratio(lp[i, t], lm[i, t]), rho_bar_pg)
+            if term[i, t]:
+                pg[i, t] = rho_pg * (r[i, t] - v[i, t])
+                continue
             if t < T - 1 and not done[i, t]:
                 vs_next = vs[i, t + 1]
             else:
                 vs_next = nv[i, t]
-            not_term = 0.0 if term[i, t] else 1.0
-            pg[i, t] = rho_pg * (r[i, t] + g[i, t] * not_term * vs_next - v[i, t])
+            pg[i, t] = rho_pg * (r[i, t] + g[i, t] * vs_next - v[i, t])
     return vs, pg
 
 
+@_ieee
 def expected_q(next_pi, next_q):
     """ev[r, t] = sum_a pi(a | s_{t+1}) Q(s_{t+1}, a)."""
     p, q = _f(next_pi), _f(next_q)
@@ -181,12 +226,15 @@ def expected_q(next_pi, next_q):
     return ev
 
 
+@_ieee
 def retrace(rewards, q_values, log_pi, log_mu, term, done, gamma, lmbda, c_bar,
             next_expected_q=None, next_pi=None, next_q=None):
     """Retrace(lambda) (Munos et al. 2016).
 
     c[t] = l[t] * min(c_bar, exp(log_pi[t] - log_mu[t])), c[T] = 0
-    Q_ret[t] = r + g (1-term) (ev[t] + (1-done) c[t+1] (Q_ret[t+1] - q[t+1]))
+    Q_ret[t] = r                                                if term[t],
+             = r + g (ev[t] + c[t+1] (Q_ret[t+1] - q[t+1]))     if not done[t] and g c[t+1] != 0,
+             = r + g ev[t]                                      otherwise.
     """
     if next_expected_q is None:
         ev = expected_q(next_pi, next_q)
@@ -201,51 +249,61 @@ def retrace(rewards, q_values, log_pi, log_mu, term, done, gamma, lmbda, c_bar,
             if term[i, t]:
                 out[i, t] = r[i, t]
                 continue
-            tail = 0.0
+            out[i, t] = r[i, t] + g[i, t] * ev[i, t]
             if t + 1 < T and not done[i, t]:
-                c_next = lam[i, t + 1] * min(c_bar, math.exp(lp[i, t + 1] - lm[i, t + 1]))
-                tail = c_next * (out[i, t + 1] - q[i, t + 1])
-            out[i, t] = r[i, t] + g[i, t] * (ev[i, t] + tail)
+                c_next = lam[i, t + 1] * _clip(_ratio(lp[i, t + 1], lm[i, t + 1]), c_bar)
+                if g[i, t] * c_next != 0:
+                    tail = c_next * (out[i, t + 1] - q[i, t + 1])
+                    out[i, t] = r[i, t] + g[i, t] * (ev[i, t] + tail)
     return out
 
 
+@_ieee
 def eligibility_trace(x, done, gamma, lmbda, initial=None):
-    """e[t] = x[t] + g[t] l[t] (1 - done[t-1]) e[t-1], done[-1] = 0, e[-1] = initial (0)."""
+    """e[t] = x[t] + (g[t] l[t] e[t-1] unless done[t-1] or g[t] l[t] = 0),
+    done[-1] = 0, e[-1] = initial (0)."""
     x, g, lam = _f(x), _f(gamma), _f(lmbda)
     done = _b(done)
     R, T = x.shape
     e = np.zeros((R, T))
     for i in range(R):
         for t in range(T):
+            e[i, t] = x[i, t]
+            decay = g[i, t] * lam[i, t]
             if t == 0:
                 prev = 0.0 if initial is None else float(initial[i])
-                keep = 1.0
+                cut = False
             else:
                 prev = e[i, t - 1]
-                keep = 0.0 if done[i, t - 1] else 1.0
-            e[i, t] = x[i, t] + g[i, t] * lam[i, t] * keep * prev
+                cut = done[i, t - 1]
+            if not cut and decay != 0:
+                e[i, t] = x[i, t] + decay * prev
     return e
 
 
+@_ieee
 def episodic_cumsum(x, done, initial=None):
-    """c[t] = x[t] + (1 - done[t-1]) c[t-1], done[-1] = 0, c[-1] = initial (0)."""
+    """c[t] = x[t] + (c[t-1] unless done[t-1]), done[-1] = 0, c[-1] = initial (0)."""
     x = _f(x)
     done = _b(done)
     R, T = x.shape
     c = np.zeros((R, T))
     for i in range(R):
-        run = 0.0 if initial is None else float(initial[i])
         for t in range(T):
-            if t > 0 and done[i, t - 1]:
-                run = 0.0
-            run = x[i, t] + run
-            c[i, t] = run
+            if t == 0:
+                c[i, t] = x[i, t] + (0.0 if initial is None else float(initial[i]))
+            elif done[i, t - 1]:
+                c[i, t] = x[i, t]
+            else:
+                c[i, t] = x[i, t] + c[i, t - 1]
     return c
 
 
+@_ieee
 def affine_scan(alpha, beta, reverse=True, initial=None):
     """reverse: y[t] = a[t] + b[t] y[t+1], y[T] = initial;
-    forward: y[t] = a[t] + b[t] y[t-1], y[-1] = initial (default 0)."""
+    forward: y[t] = a[t] + b[t] y[t-1], y[-1] = initial (default 0);
+    y[t] = a[t] where b[t] = 0 (the neighbour is not read)."""
     a, b = _f(alpha), _f(beta)
     R, T = a.shape
     y = np.zeros((R, T))
@@ -253,6 +311,6 @@ def affine_scan(alpha, beta, reverse=True, initial=None):
         carry = 0.0 if initial is None else float(initial[i])
         order = reversed(range(T)) if reverse else range(T)
         for t in order:
-            carry = a[i, t] + b[i, t] * carry
+            carry = a[i, t] if b[i, t] == 0 else a[i, t] + b[i, t] * carry
             y[i, t] = carry
     return y

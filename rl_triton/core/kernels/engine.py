@@ -43,8 +43,9 @@ def _step(a, b, y):
 
 @triton.jit
 def combine(a1, b1, a2, b2):
-    # (a1, b1) is the part already folded in scan order: y = a2 + b2 * (a1 + b1 * y_in)
-    return _step(a2, b2, a1), b1 * b2
+    # (a1, b1) is the part already folded in scan order: y = a2 + b2 * (a1 + b1 * y_in); where b2
+    # is 0 nothing before it is read, not even an inf or NaN coefficient
+    return _step(a2, b2, a1), tl.where(b2 == 0, 0.0, b1 * b2)
 
 
 @triton.jit
