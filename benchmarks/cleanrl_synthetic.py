@@ -14,18 +14,17 @@ with probability 1/--episode-len; values and log-probs come from the agent. For 
   the advantage phase, flattening, and --epochs epochs of --minibatches minibatches of
   forward / clipped PPO loss / backward / grad clipping / Adam on a Gaussian MLP agent.
 
-On a CPU the defaults are 2 epochs and 3 timed repeats (5 and 10 on a GPU), printed in the
-table's header. Timing uses CUDA events on a GPU and time.perf_counter on a CPU, after --warmup untimed
-updates per variant; the variants alternate within each repeat. Prints (and with --md writes)
-a markdown table of medians and speed-ups.
+On a CPU the defaults are 2 epochs and 7 timed repeats (5 and 10 on a GPU), printed in the
+table's header. Timing uses CUDA events on a GPU and time.perf_counter on a CPU, after --warmup
+untimed updates per variant; within each repeat both variants run, their order swapping from one
+repeat to the next, and the speed-ups are taken within a repeat. Prints (and with --md writes) a
+markdown table: each cell is the median over the repeats and, in parentheses, the lowest and
+highest repeat.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
-import statistics
 import sys
 import time
 
@@ -34,6 +33,7 @@ import torch.nn as nn
 from torch.distributions.normal import Normal
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import machine, parser, ratios, spread  # noqa: E402
 from rl_triton.integrations.cleanrl import compute_gae  # noqa: E402
 
 OBS_DIM, ACT_DIM = 60, 8
@@ -179,40 +179,40 @@ def bench_shape(num_envs, num_steps, args, device):
             if r >= args.warmup:
                 times[fast][0].append(adv_ms)
                 times[fast][1].append(sum(d))
-    med = {k: (statistics.median(a), statistics.median(u)) for k, (a, u) in times.items()}
-    return med, max_diff
+    return times, max_diff
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p = parser(__doc__)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where the agent, the rollout and the GAE run")
     p.add_argument("--shapes", default=SHAPES, help="comma-separated NUM_ENVSxNUM_STEPS")
-    p.add_argument("--epochs", type=int, default=None, help="PPO epochs per update (default 5 on a GPU, 2 on a CPU)")
-    p.add_argument("--minibatches", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=None, help="PPO epochs per update (None: 5 on a GPU, 2 on a CPU)")
+    p.add_argument("--minibatches", type=int, default=4, help="minibatches per epoch")
     p.add_argument("--hidden", type=int, default=64, help="width of the two tanh layers (CleanRL: 64)")
-    p.add_argument("--repeats", type=int, default=None, help="timed updates per variant (default 10 GPU, 3 CPU)")
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=None, help="timed updates per variant (None: 10 GPU, 7 CPU)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed updates per variant first")
     p.add_argument("--episode-len", type=float, default=200.0, help="mean episode length of the random dones")
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--gae-lambda", type=float, default=0.95)
-    p.add_argument("--clip-coef", type=float, default=0.2)
+    p.add_argument("--gamma", type=float, default=0.99, help="discount")
+    p.add_argument("--gae-lambda", type=float, default=0.95, help="GAE lambda")
+    p.add_argument("--clip-coef", type=float, default=0.2, help="PPO clip range")
     p.add_argument("--md", default=None, help="also write the markdown table to this file")
     args = p.parse_args()
     device = torch.device(args.device)
     on_gpu = device.type == "cuda"
     args.epochs = args.epochs or (5 if on_gpu else 2)
-    args.repeats = args.repeats or (10 if on_gpu else 3)
+    args.repeats = args.repeats or (10 if on_gpu else 7)
     shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
 
     # compile / load numba or Triton before anything is timed
     z = torch.zeros(4, 2, device=device)
     compute_gae(z, z, z, z[0], z[0], args.gamma, args.gae_lambda)
 
-    dev_name = torch.cuda.get_device_name(device) if on_gpu else f"CPU ({platform.processor() or platform.machine()}, " \
-        f"{torch.get_num_threads()} torch threads)"
+    dev_name = torch.cuda.get_device_name(device) if on_gpu else f"CPU ({machine()})"
     header = (f"CleanRL-style PPO update on random data, {dev_name}; torch {torch.__version__}; "
               f"MLP {OBS_DIM}->{args.hidden}->{args.hidden} (obs {OBS_DIM}, action {ACT_DIM}), {args.epochs} epochs x "
-              f"{args.minibatches} minibatches, medians of {args.repeats} updates after {args.warmup} warm-up; "
+              f"{args.minibatches} minibatches, {args.repeats} updates per variant after {args.warmup} warm-up, "
+              f"median (lowest-highest); "
               f"update phase = bootstrap value + GAE + epochs; timing: "
               f"{'CUDA events' if on_gpu else 'time.perf_counter'}")
     lines = [header, "",
@@ -223,10 +223,11 @@ def main():
     print(header + "\n")
     print("\n".join(lines[2:]), flush=True)
     for n, t in shapes:
-        med, diff = bench_shape(n, t, args, device)
-        (la, lu), (fa, fu) = med[False], med[True]
-        row = (f"| {n} x {t} | {la:.2f} | {fa:.3f} | {la / fa:.1f}x | {lu:.1f} | {fu:.1f} | {lu / fu:.3f}x | "
-               f"{100 * la / lu:.1f}% | {diff:.1e} |")
+        times, diff = bench_shape(n, t, args, device)
+        (la, lu), (fa, fu) = times[False], times[True]
+        row = (f"| {n} x {t} | {spread(la, '{:.2f}')} | {spread(fa, '{:.3f}')} | {spread(ratios(la, fa), unit='x')} | "
+               f"{spread(lu)} | {spread(fu)} | {spread(ratios(lu, fu), '{:.3f}', 'x')} | "
+               f"{spread([100 * a / u for a, u in zip(la, lu)], unit='%')} | {diff:.1e} |")
         lines.append(row)
         print(row, flush=True)
     if args.md:

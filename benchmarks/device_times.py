@@ -11,19 +11,22 @@ may predate it), so both versions run the same calls.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
+from common import parser
+
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--algos", default="gae,td_lambda_return,discounted_return,vtrace,retrace,eligibility_trace")
-    p.add_argument("--shapes", default="16384x4096,4096x4096,16384x512,4096x128,32768x8,8x32768,1x131072")
+    p = parser(__doc__)
+    p.add_argument("--algos", default="gae,td_lambda_return,discounted_return,vtrace,retrace,eligibility_trace",
+                   help="estimators to time")
+    p.add_argument("--shapes", default="16384x4096,4096x4096,16384x512,4096x128,32768x8,8x32768,1x131072",
+                   help="ROWSxT list")
     p.add_argument("--root", help="directory holding the rl_triton package to time")
     p.add_argument("--json", help="write the results here")
-    p.add_argument("--label", default="")
+    p.add_argument("--label", default="", help="name of this run in the --json file")
     p.add_argument("--compare", nargs="+", help="print old/new ratios of result files (first is the base)")
     args = p.parse_args()
     if args.compare:

@@ -14,11 +14,12 @@ It needs triton (3.6 is the GPU image's) and torch, no GPU.
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import re
 import sys
+
+from common import parser
 
 SHAPES = ((4096, 128), (32768, 8), (8, 32768), (16384, 512), (128, 4096), (16384, 4096), (257, 999))
 MULTIPROCESSORS = 132  # the H200's
@@ -143,9 +144,8 @@ def compare(old_path: str, new_path: str) -> None:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--root", help="a checkout whose rl_triton to compile (default: this one)")
+    p = parser(__doc__)
+    p.add_argument("--root", help="a checkout whose rl_triton to compile (None: this one)")
     p.add_argument("--json", help="write {call: [PTX]} here")
     p.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two --json files")
     args = p.parse_args()

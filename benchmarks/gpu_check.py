@@ -6,12 +6,15 @@ and CUDA-graph capture of gae, and the reverse/forward scan direction at many le
 The oracle runs on the host in a process pool while the GPU works.
 
     python benchmarks/gpu_check.py            # on a CUDA machine
-    TRITON_INTERPRET=1 python benchmarks/gpu_check.py --quick --device cpu   # smoke run
+    python benchmarks/gpu_check.py --quick    # small shapes; without CUDA: a smoke run on CPU
+                                              # tensors in the Triton interpreter
+
+--device cpu runs the Triton kernels on CPU tensors in the interpreter (TRITON_INTERPRET=1 is
+set for the run when it is not set already); that is what --quick picks where CUDA is missing.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -20,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import torch
 
-from rl_triton.testing import make, reference
+from common import parser
 
 SHAPES = [(4096, 128), (16384, 512), (32768, 8), (64, 8192), (8, 32768), (1, 131072), (3, 1000003),
           (257, 999), (2048, 64, "time-major")]
@@ -66,12 +69,24 @@ def cases(quick: bool, only=None):
     return out
 
 
+def _testing():
+    """rl_triton.testing, imported on first use: importing rl_triton imports triton (through
+    torch's custom ops), and main() must set TRITON_INTERPRET before that for CPU tensors."""
+    import rl_triton.testing
+
+    return rl_triton.testing
+
+
+def reference(*args, **kwargs):
+    return _testing().reference(*args, **kwargs)
+
+
 def problem(case, seed, device="cpu"):
     """The case's problem; the same values on every device (2% terminations, 2% truncations)."""
     algo, R, T, layout, dtype = case
     fn, variant = ALGOS[algo]
     shape, time_dim = ((T, R), 0) if layout == "time-major" else ((R, T), -1)
-    return make(fn, shape, variant, time_dim=time_dim, dtype=dtype, device=device, seed=seed, gamma=GAMMA,
+    return _testing().make(fn, shape, variant, time_dim=time_dim, dtype=dtype, device=device, seed=seed, gamma=GAMMA,
                 lmbda=TRACE_LMBDA if fn == "eligibility_trace" else LMBDA)
 
 
@@ -166,12 +181,21 @@ def check_direction(device, lengths):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="small shapes (interpreter smoke run)")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--workers", type=int, default=os.cpu_count())
+    p = parser(__doc__)
+    p.add_argument("--quick", action="store_true",
+                   help="small shapes (on CPU tensors in the interpreter where CUDA is missing)")
+    p.add_argument("--device", default=None,
+                   help="cuda, cuda:N or cpu (None: cuda; with --quick, cpu where CUDA is missing)")
+    p.add_argument("--workers", type=int, default=os.cpu_count(), help="processes computing the oracle")
     p.add_argument("--shapes", help="comma-separated RxT subset of the shape list")
     args = p.parse_args()
+    if args.device is None:
+        if not torch.cuda.is_available() and not args.quick:
+            p.error("no CUDA here: run with --quick (a smoke run in the Triton interpreter) or --device cpu")
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if torch.device(args.device).type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        os.environ["TRITON_INTERPRET"] = "1"  # before rl_triton (and with it triton) is imported
+        print("CPU tensors: the Triton kernels run in the interpreter (TRITON_INTERPRET=1)")
     all_cases = cases(args.quick, args.shapes and args.shapes.split(","))
     start = time.time()
     with ProcessPoolExecutor(args.workers) as pool:  # forked before CUDA starts

@@ -7,7 +7,6 @@ a row for the Python above the backend alone (``cpu.run`` replaced by a no-op).
     python benchmarks/host_overhead.py [--shape 4096x128] [--profile 25] [--cpu]
 """
 
-import argparse
 import cProfile
 import os
 import pstats
@@ -22,6 +21,7 @@ import rl_triton as rt  # noqa: E402
 from rl_triton.core import cpu, kernels, spec  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import parser  # noqa: E402
 from run import _empty_kernel  # noqa: E402
 
 
@@ -56,8 +56,8 @@ def _stubbed(fn):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", default="4096x128")
+    p = parser(__doc__)
+    p.add_argument("--shape", default="4096x128", help="ROWSxT of the GAE call")
     p.add_argument("--profile", type=int, default=25, help="cProfile rows to print (0: none)")
     p.add_argument("--cpu", action="store_true", help="the numba backend on CPU tensors")
     args = p.parse_args()

@@ -19,7 +19,6 @@ compares them with GAE on the whole rollout on one device and with the float64 o
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -34,6 +33,7 @@ import torch.distributed as dist  # noqa: E402
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_here, os.path.join(_here, "..")]
 import rl_triton as rt  # noqa: E402
+from common import parser  # noqa: E402
 from gpu_check import ALGOS, GAMMA, LMBDA, actual, expected, rel_err  # noqa: E402
 from rl_triton.testing import reference  # noqa: E402
 
@@ -146,8 +146,8 @@ def check_distributed(backend: str, world: int, n_envs: int = 64, T: int = 256, 
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--world-size", type=int, default=2)
+    p = parser(__doc__)
+    p.add_argument("--world-size", type=int, default=2, help="ranks of the torch.distributed part")
     p.add_argument("--dist-backend", choices=("auto", "nccl", "gloo"), default="auto",
                    help="auto: NCCL when there is a GPU per rank, else gloo on the CPU")
     p.add_argument("--skip-devices", action="store_true", help="only the torch.distributed part")

@@ -2,7 +2,7 @@
 floors; on a CPU-only machine GAE on the CPU backends against SB3's and TorchRL's loops.
 
     python benchmarks/run.py [--algos gae,vtrace] [--shapes 4096x128,1x131072] [--md FILE] [--img DIR]
-    python benchmarks/run.py --cpu [--md FILE]
+    python benchmarks/run.py --cpu [--shapes 2048x8,128x8] [--rounds 9] [--md FILE]
 
 GPU: full call = CUDA events around one call with a synchronize before and after (what a
 training loop sees), median of many; device time = median CUDA-graph replay of 20 calls, per
@@ -19,31 +19,31 @@ algorithms at the four shapes where they come closest to GAE (``--compiled-peers
 ``--compiled-others-at``; ``--compiled-peers all`` for every cell). With --img, PNG plots (GAE
 time vs T, fraction of the floor) go there.
 
-CPU: GAE on time-major (T, N) rollouts, SB3's layout, gamma 0.99, lambda 0.95, 2% dones; the
-median of repeated calls (time.perf_counter) of rl_triton's numba and torch backends, SB3's own
-``RolloutBuffer.compute_returns_and_advantage`` (and the same method patched by
-rl_triton.integrations.sb3) and TorchRL's ``generalized_advantage_estimate``
-and ``vec_generalized_advantage_estimate`` when installed, each first checked against the float64
-oracle of rl_triton.testing (a wrong result is reported, not timed).
+CPU (--cpu, the default without CUDA; --shapes are then T x N): GAE on time-major (T, N)
+rollouts, SB3's layout, gamma 0.99, lambda 0.95, 2% dones. Implementations: rl_triton's numba
+and torch backends, SB3's own ``RolloutBuffer.compute_returns_and_advantage`` (and the same
+method patched by rl_triton.integrations.sb3) and TorchRL's ``generalized_advantage_estimate``
+and ``vec_generalized_advantage_estimate`` when installed, each first checked against the
+float64 oracle of rl_triton.testing (a wrong result is reported, not timed). They take turns in
+--rounds rounds (benchmarks/common.py: each round times a batch of calls of every
+implementation, the order rotating), and the table gives the median over the rounds and the
+lowest-highest round, of the time per call and of each speed-up (taken within a round).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
-
 import time
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_here, os.path.join(_here, "..")]
 import rl_triton as rt  # noqa: E402
+from common import alternate, machine, parser, ratios, spread  # noqa: E402
 from peers import Problem, max_error, testing  # noqa: E402
 
 GRID = ["4096x128", "64x512", "1024x1024", "16384x512", "128x4096", "32768x8", "4096x32", "16384x16",
@@ -54,15 +54,23 @@ ALGOS = ["gae", "td_lambda_return", "discounted_return", "vtrace", "retrace", "e
          "episodic_cumsum"]
 
 
-@triton.jit
-def _empty_kernel(x):
-    pass
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU-only install (no [gpu] extra): the CPU benchmark still runs
+    triton = None
 
+if triton is not None:
+    @triton.jit
+    def _empty_kernel(x):
+        pass
 
-@triton.jit
-def _copy_kernel(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+    @triton.jit
+    def _copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+else:
+    _empty_kernel = _copy_kernel = None
 
 
 def full_call_us(fn, n=200, budget_s=0.5):
@@ -119,17 +127,7 @@ def copy_bandwidth_tbs():
 # max |y - ref| / (1 + |ref|) against the float64 oracle on inputs rounded to the dtype
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
-CPU_SHAPES = [(2048, 8), (2048, 1), (128, 8), (2048, 64)]
-
-
-def median_us(fn, min_time=0.3, min_calls=5):
-    fn()
-    times, start = [], time.perf_counter()
-    while len(times) < min_calls or time.perf_counter() - start < min_time:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+CPU_SHAPES = "2048x8,2048x1,128x8,2048x64"
 
 
 def cpu_peers(T, N, r, v, ep_start, last_v, last_done, gamma, lam):
@@ -167,13 +165,15 @@ def cpu_peers(T, N, r, v, ep_start, last_v, last_done, gamma, lam):
     return peers
 
 
-def cpu_main(md):
+def cpu_main(shapes: str, rounds: int, md):
     gamma, lam = 0.99, 0.95
-    lines = [f"CPU: {os.cpu_count()} cores, torch {torch.__version__}; GAE, time-major (T, N), medians", "",
+    lines = [f"CPU: {machine()}; torch {torch.__version__}; GAE, time-major (T, N); {rounds} rounds, "
+             "implementations alternating; median over the rounds (lowest-highest round)", "",
              "| T x N | implementation | time us | speed-up of rl_triton (cpu) | max error vs oracle |",
              "|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
-    for T, N in CPU_SHAPES:
+    for shape in shapes.split(","):
+        T, N = map(int, shape.lower().split("x"))
         rng = np.random.default_rng(T * 31 + N)
         r, v = rng.standard_normal((2, T, N)).astype(np.float32)
         ep_start = (rng.random((T, N)) < 0.02).astype(np.float32)
@@ -186,13 +186,17 @@ def cpu_main(md):
         impls = {f"rl_triton ({b})": (lambda b=b: problem.call(b)[0])
                  for b in ("cpu", "torch") if b != "cpu" or rt.core.cpu.AVAILABLE}
         impls.update(cpu_peers(T, N, r, v, ep_start, last_v, last_done, gamma, lam))
-        times = {}
-        for name, fn in impls.items():
-            err = float(np.max(np.abs(np.asarray(fn(), dtype=np.float64) - ref) / (1 + np.abs(ref))))
-            times[name] = median_us(fn) if err < 1e-4 else float("nan")
-            ours = times.get("rl_triton (cpu)", float("nan"))
-            line = (f"| {T}x{N} | {name} | {times[name]:.0f} | {times[name] / ours:.1f}x | "
-                    f"{err:.1e}{'' if err < 1e-4 else ' WRONG, not timed'} |")
+        errors = {name: float(np.max(np.abs(np.asarray(fn(), dtype=np.float64) - ref) / (1 + np.abs(ref))))
+                  for name, fn in impls.items()}
+        times = alternate({name: fn for name, fn in impls.items() if errors[name] < 1e-4}, rounds=rounds)
+        ours = times.get("rl_triton (cpu)")
+        for name, err in errors.items():
+            if name not in times:
+                line = f"| {T}x{N} | {name} | WRONG, not timed | | {err:.1e} |"
+            else:
+                speed = spread(ratios(times[name], ours), unit="x") if ours else "-"
+                us = spread([1e6 * t for t in times[name]], "{:.0f}")
+                line = f"| {T}x{N} | {name} | {us} | {speed} | {err:.1e} |"
             lines.append(line)
             print(line, flush=True)
     if md:
@@ -201,10 +205,12 @@ def cpu_main(md):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--algos", default=",".join(ALGOS))
-    p.add_argument("--shapes", default=",".join(GRID))
+    p = parser(__doc__)
+    p.add_argument("--algos", default=",".join(ALGOS), help="GPU: algorithms to time")
+    p.add_argument("--shapes", default=None,
+                   help=f"GPU: ROWSxT list (None: {','.join(GRID)}); CPU: TxN list (None: {CPU_SHAPES})")
     p.add_argument("--cpu", action="store_true", help="CPU benchmark (the default without CUDA)")
+    p.add_argument("--rounds", type=int, default=9, help="CPU: rounds of alternating timed batches")
     p.add_argument("--md", help="also write the table to this markdown file")
     p.add_argument("--img", help="GPU: folder for the PNG plots")
     p.add_argument("--no-peers", action="store_true", help="GPU: time rl_triton only")
@@ -220,7 +226,8 @@ def main():
     if args.replot:
         return plots(results_from_md(args.replot), args.img or "docs/img")
     if args.cpu or not torch.cuda.is_available():
-        return cpu_main(args.md)
+        return cpu_main(args.shapes or CPU_SHAPES, args.rounds, args.md)
+    args.shapes = args.shapes or ",".join(GRID)
     gpu_main(args)
 
 
@@ -236,6 +243,8 @@ def _device_or_none(fn, full_us):
 
 
 def gpu_main(args):
+    if triton is None:
+        raise SystemExit("the GPU benchmark needs triton: pip install -e '.[gpu]'")
     bw = copy_bandwidth_tbs()
     x = torch.empty(1, device="cuda")
     empty_full = full_call_us(lambda: _empty_kernel[(1,)](x))

@@ -2,14 +2,16 @@
 ``RolloutBuffer.compute_returns_and_advantage`` with ``device="cpu"`` against ``device="cuda"``
 (host-to-device copies, kernel, copy back), side by side, over buffer sizes.
 
-    python benchmarks/sb3_crossover.py [--sizes 128x8,2048x8,2048x64,...]
+    python benchmarks/sb3_crossover.py [--sizes 128x8,2048x8,2048x64,...] [--rounds 9]
 
-Prints a table (median us per call, SB3's own loop for reference) and the smallest buffer at
-which the GPU path is faster: the value for ``rl_triton.integrations.sb3``'s
-``gpu_min_elements`` (docs/sb3.md). Without CUDA it prints the CPU columns only.
+Prints a table (us per call, SB3's own loop for reference up to 4M steps, and the speed-up of the
+CPU path over it) and the smallest buffer
+at which the GPU path is faster: the value for ``rl_triton.integrations.sb3``'s
+``gpu_min_elements`` (docs/sb3.md). The implementations take turns in --rounds rounds
+(benchmarks/common.py); each cell is the median over the rounds and the lowest-highest
+round. Without CUDA it prints the SB3 and CPU columns only.
 """
 
-import argparse
 import os
 import sys
 
@@ -21,18 +23,21 @@ from stable_baselines3.common.buffers import RolloutBuffer
 import rl_triton.integrations.sb3 as rt_sb3
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run import median_us  # noqa: E402
+from common import alternate, parser, ratios, spread  # noqa: E402
+
 
 SIZES = "128x8,512x8,2048x8,2048x64,2048x256,2048x1024,4096x2048,8192x4096"
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--sizes", default=SIZES, help="n_steps x n_envs list")
+    p.add_argument("--rounds", type=int, default=9, help="rounds of alternating timed batches")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
-    print("| n_steps x n_envs | SB3 loop us | rl_triton cpu us | rl_triton cuda us |")
-    print("|---|---|---|---|")
+    columns = ["SB3 loop", "rl_triton cpu"] + (["rl_triton cuda"] if cuda else [])
+    print("| n_steps x n_envs | " + " | ".join(f"{c} us" for c in columns) + " | SB3 loop / rl_triton cpu |")
+    print("|---|" + "---|" * (len(columns) + 1))
     crossover = None
     for size in args.sizes.split(","):
         T, N = map(int, size.split("x"))
@@ -44,20 +49,24 @@ def main():
         buf.episode_starts[:] = rng.random((T, N)) < 0.02
         last_values, dones = torch.randn(N), np.zeros(N)
 
-        def run(method):
-            return lambda: method(buf, last_values, dones)
+        def patched(device):
+            def call():
+                buf.gae_device = device  # the per-buffer setting of FastRolloutBuffer
+                rt_sb3.compute_returns_and_advantage(buf, last_values, dones)
+            return call
 
-        sb3 = median_us(run(RolloutBuffer.compute_returns_and_advantage)) if T * N <= 1 << 22 else float("nan")
-        rt_sb3.patch(device="cpu")
-        ours_cpu = median_us(run(RolloutBuffer.compute_returns_and_advantage))
-        ours_gpu = float("nan")
+        impls = {"rl_triton cpu": patched("cpu")}
         if cuda:
-            rt_sb3.patch(device="cuda")
-            ours_gpu = median_us(run(RolloutBuffer.compute_returns_and_advantage))
-            if crossover is None and ours_gpu < ours_cpu:
-                crossover = T * N
-        rt_sb3.unpatch()
-        print(f"| {T}x{N} | {sb3:.0f} | {ours_cpu:.0f} | {ours_gpu:.0f} |", flush=True)
+            impls["rl_triton cuda"] = patched("cuda")
+        if T * N <= 1 << 22:
+            impls["SB3 loop"] = lambda: RolloutBuffer.compute_returns_and_advantage(buf, last_values, dones)
+        times = alternate(impls, rounds=args.rounds)
+        cells = [spread([1e6 * t for t in times[c]], "{:.0f}") if c in times else "-" for c in columns]
+        speed_up = ratios(times["SB3 loop"], times["rl_triton cpu"]) if "SB3 loop" in times else None
+        cells.append(spread(speed_up, unit="x") if speed_up else "-")
+        print(f"| {T}x{N} | " + " | ".join(cells) + " |", flush=True)
+        if cuda and crossover is None and np.median(times["rl_triton cuda"]) < np.median(times["rl_triton cpu"]):
+            crossover = T * N
     if cuda:
         print(f"GPU faster from {crossover} buffer steps on" if crossover else "GPU never faster on these sizes")
 

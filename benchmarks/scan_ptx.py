@@ -6,9 +6,10 @@ torch).
     python benchmarks/scan_ptx.py [--tiles 4x128x4,2x512x2]   # BLOCK_R x BLOCK_T x num_warps
 """
 
-import argparse
 import importlib.util
 import os
+
+from common import parser
 
 _path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "rl_triton", "testing", "lowering.py")
 _spec = importlib.util.spec_from_file_location("lowering", _path)
@@ -17,7 +18,7 @@ _spec.loader.exec_module(lowering)
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--tiles", default="4x128x4,1x256x1,2x512x2", help="BLOCK_RxBLOCK_Txnum_warps, comma-separated")
     args = p.parse_args()
     print(f"triton {lowering.triton.__version__}, sm_90 PTX")

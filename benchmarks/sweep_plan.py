@@ -7,13 +7,13 @@ Device time is the median CUDA-graph replay (benchmarks/run.py). The default pla
 ``rl_triton.core.kernels.plan``; compare its line ("auto") with the best forced ones.
 """
 
-import argparse
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import parser  # noqa: E402
 from peers import Problem, max_error  # noqa: E402
 from run import device_us  # noqa: E402
 
@@ -38,9 +38,9 @@ def plans(R, T, sms, block_ts=(64, 128, 256, 512, 1024), warps=(1, 2, 4, 8), spl
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--algo", default="gae", help="an estimator of benchmarks/run.py (gae, vtrace, ...)")
-    p.add_argument("--shapes", default=SHAPES)
+    p.add_argument("--shapes", default=SHAPES, help="ROWSxT list")
     p.add_argument("--block-t", default="64,128,256,512,1024", help="BLOCK_T values to try")
     p.add_argument("--warps", default="1,2,4,8", help="num_warps values to try")
     p.add_argument("--max-tile", type=int, default=4096, help="largest BLOCK_R x BLOCK_T")

@@ -2,6 +2,12 @@
 stacking) in CleanRL's single-file style, its GAE either the inline reversed loop of CleanRL's
 scripts or rl_triton's ``compute_gae``.
 
+Install (from the repository root, after torch; see the README):
+
+    pip install -e ".[examples]"
+
+Run:
+
     python examples/cleanrl_ppo_atari.py                 # rl_triton's compute_gae
     python examples/cleanrl_ppo_atari.py --no-fast-gae   # the inline loop
 
@@ -15,9 +21,7 @@ automatically when a GPU is present).
 
 from __future__ import annotations
 
-import argparse
 import csv
-import dataclasses
 import os
 import random
 import statistics
@@ -25,8 +29,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-import ale_py
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
@@ -34,14 +36,8 @@ import torch.optim as optim
 from torch.distributions.categorical import Categorical
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from rl_triton._scripts import dataclass_args, progress, require  # noqa: E402
 from rl_triton.integrations.cleanrl import compute_gae  # noqa: E402
-
-try:
-    from tqdm import tqdm
-except ImportError:  # no bar without tqdm
-    tqdm = None
-
-gym.register_envs(ale_py)
 
 
 @dataclass
@@ -76,18 +72,7 @@ class Args:
 
 
 def parse_args() -> Args:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for f in dataclasses.fields(Args):
-        if f.name in ("batch_size", "minibatch_size", "num_iterations"):
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool) or f.type == "bool | None":
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        elif f.name == "target_kl":
-            p.add_argument(flag, type=float, default=f.default)
-        else:
-            p.add_argument(flag, type=type(f.default), default=f.default)
-    args = Args(**vars(p.parse_args()))
+    args = dataclass_args(__doc__, Args)
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
@@ -189,6 +174,11 @@ def median_ms(xs):
 
 if __name__ == "__main__":
     args = parse_args()
+    require("gymnasium", "ale_py", "cv2", "matplotlib")
+    import ale_py
+    import gymnasium as gym
+
+    gym.register_envs(ale_py)
     gae_label = "compute_gae" if args.fast_gae else "inline loop"
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -230,7 +220,7 @@ if __name__ == "__main__":
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
-    bar = tqdm(total=args.num_iterations * args.batch_size, desc=gae_label, unit="step") if tqdm else None
+    bar = progress(args.num_iterations * args.batch_size, gae_label)
     start_time = time.perf_counter()
 
     for iteration in range(1, args.num_iterations + 1):
@@ -257,9 +247,9 @@ if __name__ == "__main__":
                 if writer:
                     writer.add_scalar("charts/episodic_return", ret, global_step)
         if bar:
-            bar.update(args.batch_size)
             if episodes:
-                bar.set_postfix(last_return=f"{episodes[-1][2]:.1f}")
+                bar.set_postfix(last_return=f"{episodes[-1][2]:.1f}", refresh=False)
+            bar.update(args.batch_size)
 
         sync()
         t_update = time.perf_counter()

@@ -1,6 +1,12 @@
 """PPO on a MuJoCo task (HalfCheetah-v5, gymnasium vector envs) in CleanRL's single-file style,
 its GAE either the inline reversed loop of CleanRL's scripts or rl_triton's ``compute_gae``.
 
+Install (from the repository root, after torch; see the README):
+
+    pip install -e ".[examples]"
+
+Run:
+
     python examples/cleanrl_ppo_continuous.py                 # rl_triton's compute_gae
     python examples/cleanrl_ppo_continuous.py --no-fast-gae   # the inline loop
 
@@ -13,9 +19,7 @@ automatically when a GPU is present).
 
 from __future__ import annotations
 
-import argparse
 import csv
-import dataclasses
 import os
 import random
 import statistics
@@ -23,7 +27,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
@@ -31,12 +34,8 @@ import torch.optim as optim
 from torch.distributions.normal import Normal
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from rl_triton._scripts import dataclass_args, progress, quiet_mujoco, require  # noqa: E402
 from rl_triton.integrations.cleanrl import compute_gae  # noqa: E402
-
-try:
-    from tqdm import tqdm
-except ImportError:  # no bar without tqdm
-    tqdm = None
 
 
 @dataclass
@@ -71,18 +70,7 @@ class Args:
 
 
 def parse_args() -> Args:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for f in dataclasses.fields(Args):
-        if f.name in ("batch_size", "minibatch_size", "num_iterations"):
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool) or f.type == "bool | None":
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        elif f.name == "target_kl":
-            p.add_argument(flag, type=float, default=f.default)
-        else:
-            p.add_argument(flag, type=type(f.default), default=f.default)
-    args = Args(**vars(p.parse_args()))
+    args = dataclass_args(__doc__, Args)
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
@@ -185,6 +173,10 @@ def median_ms(xs):
 
 if __name__ == "__main__":
     args = parse_args()
+    require("gymnasium", "mujoco", "matplotlib")
+    import gymnasium as gym
+
+    quiet_mujoco()
     gae_label = "compute_gae" if args.fast_gae else "inline loop"
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -227,7 +219,7 @@ if __name__ == "__main__":
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
-    bar = tqdm(total=args.num_iterations * args.batch_size, desc=gae_label, unit="step") if tqdm else None
+    bar = progress(args.num_iterations * args.batch_size, gae_label)
     start_time = time.perf_counter()
 
     for iteration in range(1, args.num_iterations + 1):
@@ -254,9 +246,9 @@ if __name__ == "__main__":
                 if writer:
                     writer.add_scalar("charts/episodic_return", ret, global_step)
         if bar:
-            bar.update(args.batch_size)
             if episodes:
-                bar.set_postfix(last_return=f"{episodes[-1][2]:.1f}")
+                bar.set_postfix(last_return=f"{episodes[-1][2]:.1f}", refresh=False)
+            bar.update(args.batch_size)
 
         sync()
         t_update = time.perf_counter()

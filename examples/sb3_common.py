@@ -1,6 +1,11 @@
 """Shared pieces of the Stable-Baselines3 examples: the --patch/--no-patch/--compare switch,
 timing of compute_returns_and_advantage and of the whole update, an episode-return log with a
-progress bar, and the CSV/PNG outputs."""
+progress bar, and the CSV/PNG outputs.
+
+The optional packages (gymnasium, Stable-Baselines3, the environments) are imported after the
+command line is parsed, so ``--help`` works without them and a missing one ends in the
+install line, not a traceback.
+"""
 
 from __future__ import annotations
 
@@ -11,57 +16,52 @@ import statistics
 import time
 from collections import defaultdict
 
-import gymnasium as gym
 import numpy as np
 import torch
-from stable_baselines3.common.buffers import RolloutBuffer
 
-from stable_baselines3.common.callbacks import BaseCallback
-
-import rl_triton.integrations.sb3 as rt_sb3
-
-try:
-    from tqdm import tqdm
-except ImportError:  # the examples extra installs tqdm; without it there is no bar
-    tqdm = None
+from rl_triton._scripts import parser, progress, require
 
 
-def parse_args(description: str, timesteps: int, n_envs: int, out: str):
-    p = argparse.ArgumentParser(description=description)
+def parse_args(doc: str, timesteps: int, n_envs: int, out: str):
+    p = parser(doc)
     p.add_argument("--patch", action=argparse.BooleanOptionalAction, default=True,
-                   help="use rl_triton's fused GAE (default) or SB3's own loop (--no-patch)")
+                   help="use rl_triton's fused GAE, or SB3's own loop with --no-patch")
     p.add_argument("--compare", action="store_true", help="run both, SB3's loop first, and compare")
-    p.add_argument("--timesteps", type=int, default=timesteps)
-    p.add_argument("--n-envs", type=int, default=n_envs)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timesteps", type=int, default=timesteps, help="environment steps per run (all envs)")
+    p.add_argument("--n-envs", type=int, default=n_envs, help="vectorised environments")
+    p.add_argument("--seed", type=int, default=0, help="seed of the environments and the model")
     p.add_argument("--out", default=out, help="folder for the CSV and PNG outputs")
     return p.parse_args()
 
 
-class _Progress(BaseCallback):
-    """Episode returns from the Monitor infos, and a progress bar over timesteps."""
+def progress_callback(total: int, label: str):
+    """An SB3 callback that collects episode returns from the Monitor infos and draws a
+    progress bar over timesteps."""
+    from stable_baselines3.common.callbacks import BaseCallback
 
-    def __init__(self, total: int, label: str):
-        super().__init__()
-        self.total, self.label, self.episodes, self.bar = total, label, [], None
+    class Progress(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.episodes, self.bar = [], None
 
-    def _on_training_start(self):
-        if tqdm is not None:
-            self.bar = tqdm(total=self.total, desc=self.label, unit="step")
+        def _on_training_start(self):
+            self.bar = progress(total, label)
 
-    def _on_step(self):
-        for info in self.locals["infos"]:
-            if "episode" in info:
-                self.episodes.append((self.num_timesteps, float(info["episode"]["r"])))
-        if self.bar is not None:
-            self.bar.update(self.training_env.num_envs)
-            if self.episodes:
-                self.bar.set_postfix(last_return=f"{self.episodes[-1][1]:.1f}")
-        return True
+        def _on_step(self):
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.episodes.append((self.num_timesteps, float(info["episode"]["r"])))
+            if self.bar is not None:
+                if self.episodes:
+                    self.bar.set_postfix(last_return=f"{self.episodes[-1][1]:.1f}", refresh=False)
+                self.bar.update(self.training_env.num_envs)
+            return True
 
-    def _on_training_end(self):
-        if self.bar is not None:
-            self.bar.close()
+        def _on_training_end(self):
+            if self.bar is not None:
+                self.bar.close()
+
+    return Progress()
 
 
 def _timed(fn, timings, key):
@@ -77,6 +77,8 @@ def _timed(fn, timings, key):
 
 def run(make_model, timesteps: int, patch: bool, label: str):
     """Train one model; returns the episode log and the per-call timings."""
+    import rl_triton.integrations.sb3 as rt_sb3
+
     (rt_sb3.patch if patch else rt_sb3.unpatch)()
     model = make_model()
     torch.manual_seed(0)
@@ -84,16 +86,21 @@ def run(make_model, timesteps: int, patch: bool, label: str):
     buffer = model.rollout_buffer
     buffer.compute_returns_and_advantage = _timed(buffer.compute_returns_and_advantage, timings, "gae")
     model.train = _timed(model.train, timings, "update")
-    progress = _Progress(timesteps, label)
+    callback = progress_callback(timesteps, label)
     start = time.perf_counter()
-    model.learn(timesteps, callback=progress)
+    model.learn(timesteps, callback=callback)
     timings["total"].append(time.perf_counter() - start)
     rt_sb3.unpatch()
-    return {"label": label, "episodes": progress.episodes, "timings": timings}
+    return {"label": label, "episodes": callback.episodes, "timings": timings}
 
 
 def warm_up(n_steps: int, n_envs: int):
     """One call of each GAE path on a dummy buffer of the run's size (numba loads its cache)."""
+    import gymnasium as gym
+    from stable_baselines3.common.buffers import RolloutBuffer
+
+    import rl_triton.integrations.sb3 as rt_sb3
+
     buf = RolloutBuffer(n_steps, gym.spaces.Box(-1, 1, (1,)), gym.spaces.Discrete(2), "cpu", n_envs=n_envs)
     buf.rewards[:] = np.random.default_rng(0).standard_normal(buf.rewards.shape)
     for fn in (RolloutBuffer.compute_returns_and_advantage, rt_sb3.compute_returns_and_advantage):
@@ -131,14 +138,11 @@ def report(results, out: str, title: str):
         w.writerow(["gae", "timesteps", "episode_return"])
         for r in results:
             w.writerows((r["label"], s, ret) for s, ret in r["episodes"])
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"wrote {out}/timings.csv and episodes.csv (no matplotlib: no plot)")
-        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in results:
         if r["episodes"]:
@@ -151,14 +155,20 @@ def report(results, out: str, title: str):
     ax.set_xlabel("timesteps")
     ax.set_ylabel("episode return")
     ax.set_title(title)
-    ax.legend()
+    if any(r["episodes"] for r in results):
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no episode finished within the budget", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "returns.png"), dpi=120)
     print(f"wrote {out}/timings.csv, episodes.csv and returns.png")
 
 
-def main(description, make_model, timesteps, n_envs, n_steps, out, title):
-    args = parse_args(description, timesteps, n_envs, out)
+def main(doc, make_model, timesteps, n_envs, n_steps, out, title, needs=()):
+    """Parse the command line of the script whose docstring is ``doc``, check that
+    gymnasium, SB3, matplotlib and ``needs`` are installed, and train and report."""
+    args = parse_args(doc, timesteps, n_envs, out)
+    require("gymnasium", "stable_baselines3", "matplotlib", *needs)
     warm_up(n_steps, args.n_envs)
     variants = [False, True] if args.compare else [args.patch]
     results = [run(lambda: make_model(args), args.timesteps, patch, "rl_triton" if patch else "SB3 loop")

@@ -1,18 +1,23 @@
 """PPO on a MuJoCo task (HalfCheetah-v5, batched envs) with TorchRL, its GAE either TorchRL's
 own or rl_triton's fused scan (rl_triton.integrations.torchrl.patch()).
 
+Install (from the repository root, after torch; see the README):
+
+    pip install -e ".[examples]"
+
+Run:
+
     python examples/torchrl_ppo_mujoco.py              # rl_triton's GAE
     python examples/torchrl_ppo_mujoco.py --no-patch   # TorchRL's GAE (the default, loop path)
     python examples/torchrl_ppo_mujoco.py --compare    # both, side by side
 
 Prints the median time per advantage-module call and per update phase, and writes timings.csv,
-episodes.csv (and returns.png when matplotlib is installed) under --out. The default budget
+episodes.csv and returns.png under --out. The default budget
 finishes in a few minutes on a CPU. torchrl_impala_vtrace.py reuses the helpers here.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import statistics
@@ -20,25 +25,21 @@ import sys
 import time
 
 import torch
-from tensordict.nn import NormalParamExtractor, TensorDictModule
 from torch import nn
-from torchrl.collectors import Collector
-from torchrl.envs import Compose, DoubleToFloat, GymEnv, RewardSum, SerialEnv, TransformedEnv
-from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import rl_triton.integrations.torchrl as rt_torchrl  # noqa: E402
+from rl_triton._scripts import parser, progress, quiet_mujoco, require  # noqa: E402
 
 ENV = "HalfCheetah-v5"
 
 
-def parse_args(description: str, frames: int, n_envs: int, steps: int, out: str):
-    p = argparse.ArgumentParser(description=description)
+def parse_args(doc: str, frames: int, n_envs: int, steps: int, out: str):
+    p = parser(doc)
     p.add_argument("--frames", type=int, default=frames, help="total environment frames")
-    p.add_argument("--n-envs", type=int, default=n_envs)
+    p.add_argument("--n-envs", type=int, default=n_envs, help="environments stepped together (SerialEnv)")
     p.add_argument("--steps", type=int, default=steps, help="steps per env per batch")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=out)
+    p.add_argument("--seed", type=int, default=0, help="seed of the environments and torch")
+    p.add_argument("--out", default=out, help="folder for the CSV and PNG outputs")
     p.add_argument("--device", default="cpu", help="where the networks, the batch and the estimator run "
                    "(the environments step on the CPU)")
     g = p.add_mutually_exclusive_group()
@@ -48,12 +49,18 @@ def parse_args(description: str, frames: int, n_envs: int, steps: int, out: str)
 
 
 def make_env(n_envs: int, seed: int):
+    from torchrl.envs import Compose, DoubleToFloat, GymEnv, RewardSum, SerialEnv, TransformedEnv
+
+    quiet_mujoco()
     env = TransformedEnv(SerialEnv(n_envs, lambda: GymEnv(ENV)), Compose(DoubleToFloat(), RewardSum()))
     env.set_seed(seed)
     return env
 
 
 def make_modules(env, device):
+    from tensordict.nn import NormalParamExtractor, TensorDictModule
+    from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
+
     n_obs = env.observation_spec["observation"].shape[-1]
     n_act = env.action_spec.shape[-1]
     policy = TensorDictModule(
@@ -72,6 +79,10 @@ def make_modules(env, device):
 
 def train(args, build, patch: bool, label: str):
     """``build(env, actor, critic) -> (advantage_module, loss, update_fn)``; one run, timed."""
+    from torchrl.collectors import Collector
+
+    import rl_triton.integrations.torchrl as rt_torchrl
+
     torch.manual_seed(args.seed)
     (rt_torchrl.patch if patch else rt_torchrl.unpatch)()
     try:
@@ -91,6 +102,7 @@ def train(args, build, patch: bool, label: str):
         timings = {"advantage": [], "update": []}
         episodes = []
         frames = 0
+        bar = progress(args.frames, label, unit="frame")
         for data in collector:  # [n_envs, steps]
             if not frames:  # warm-up (numba compiles on the first call), not timed
                 with torch.no_grad():
@@ -106,7 +118,13 @@ def train(args, build, patch: bool, label: str):
             done = data["next", "done"]
             for r in data["next", "episode_reward"][done].tolist():
                 episodes.append((label, frames, r))
+            if bar is not None:
+                if episodes:
+                    bar.set_postfix(last_return=f"{episodes[-1][2]:.1f}", refresh=False)
+                bar.update(data.numel())
             collector.update_policy_weights_()
+        if bar is not None:
+            bar.close()
         collector.shutdown()
         cls = type(adv_module)
         print(f"{label}: {len(timings['advantage'])} batches, estimator {cls.__module__}.{cls.__name__}, "
@@ -164,25 +182,30 @@ def report(results, out: str, title: str):
         w.writerow(["run", "frames", "episode_return"])
         for label in labels:
             w.writerows(results[label][1])
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 4))
     for label in labels:
         eps = results[label][1]
         ax.plot([e[1] for e in eps], [e[2] for e in eps], ".-", label=label)
     ax.set(xlabel="frames", ylabel="episode return", title=title)
-    ax.legend()
+    if any(results[label][1] for label in labels):
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no episode finished within the budget", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "returns.png"))
+    print(f"wrote {out}/timings.csv, episodes.csv and returns.png")
 
 
-def main(description, build, title, frames, n_envs, steps, out):
-    args = parse_args(description, frames, n_envs, steps, out)
+def main(doc, build, title, frames, n_envs, steps, out):
+    """Parse the command line of the script whose docstring is ``doc``, check the optional
+    packages, and train (TorchRL's estimator, rl_triton's, or both) and report."""
+    args = parse_args(doc, frames, n_envs, steps, out)
+    require("torchrl", "tensordict", "gymnasium", "mujoco", "matplotlib")
     runs = [(False, "TorchRL")] if args.no_patch else [(True, "rl_triton")]
     if args.compare:
         runs = [(False, "TorchRL"), (True, "rl_triton")]
@@ -191,5 +214,5 @@ def main(description, build, title, frames, n_envs, steps, out):
 
 
 if __name__ == "__main__":
-    main(__doc__.splitlines()[0], ppo_build, f"TorchRL PPO, {ENV}", frames=40_960, n_envs=8, steps=512,
+    main(__doc__, ppo_build, f"TorchRL PPO, {ENV}", frames=40_960, n_envs=8, steps=512,
          out="runs/torchrl_ppo_mujoco")

@@ -9,6 +9,14 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def assert_clean_log(stderr, cwd):
+    """Piped output stays a readable log: progress as a few plain lines (no carriage-return
+    redraws), and no MUJOCO_LOG.TXT left in the working directory."""
+    assert "\r" not in stderr, stderr[-2000:]
+    assert len(stderr.splitlines()) <= 20, stderr[-3000:]
+    assert not (cwd / "MUJOCO_LOG.TXT").exists()
+
+
 def _needs(*modules):
     for m in modules:
         pytest.importorskip(m)
@@ -25,8 +33,10 @@ def test_example_runs(script, args, modules, tmp_path):
     _needs(*modules)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]), MPLBACKEND="Agg")
     result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), "--compare", "--out",
-                             str(tmp_path), *args], capture_output=True, text=True, env=env, timeout=900)
+                             str(tmp_path), *args], capture_output=True, text=True, env=env, timeout=900,
+                            cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert_clean_log(result.stderr, tmp_path)
     assert "| SB3 loop |" in result.stdout and "| rl_triton |" in result.stdout
     for name in ("timings.csv", "episodes.csv", "returns.png"):
         assert (tmp_path / name).stat().st_size > 0

@@ -2,9 +2,11 @@
 own GAE and buffer tests with the patch applied, and learn() smoke runs."""
 
 import os
+import pathlib
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 
 import numpy as np
@@ -269,17 +271,45 @@ def pytest_unconfigure(config):
 """
 
 
+def _sb3_sdist(version: str):
+    """SB3's source distribution of ``version``, downloaded once into a cache folder keyed by
+    the version and reused by later runs (``RL_TRITON_TEST_CACHE``, else
+    ``$XDG_CACHE_HOME/rl_triton`` or ``~/.cache/rl_triton``). Skips the test, with the reason,
+    where it is not cached and the package registry cannot be reached."""
+    root = os.environ.get("RL_TRITON_TEST_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "rl_triton")
+    folder = pathlib.Path(root) / "sb3-sdist" / version
+    cached = sorted(folder.glob("stable_baselines3-*.tar.gz"))
+    if cached:
+        return cached[0]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home: cache under the temporary folder instead
+        folder = pathlib.Path(tempfile.gettempdir()) / "rl_triton-test-cache" / "sb3-sdist" / version
+        folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as download:
+        try:
+            got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                                  "--timeout", "30", "--retries", "1", f"stable-baselines3=={version}", "-d",
+                                  download, "-q"], capture_output=True, text=True, timeout=300)
+            error = got.stderr.strip()[-300:] if got.returncode else ""
+        except subprocess.TimeoutExpired:
+            error = "pip download took over 300 s"
+        sdists = list(pathlib.Path(download).glob("stable_baselines3-*.tar.gz"))
+        if error or not sdists:
+            pytest.skip(f"the stable-baselines3 {version} source distribution is not cached in {folder} and "
+                        f"could not be downloaded (package registry unreachable?): {error or 'no sdist'}")
+        target = folder / sdists[0].name
+        os.replace(sdists[0], target)  # atomic: a concurrent run sees the whole file or none
+    return target
+
+
 def test_sb3_own_tests_pass_patched(tmp_path):
     """SB3's tests/test_gae.py and tests/test_buffers.py from its source distribution."""
     version = sb3.__version__
-    got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                          f"stable-baselines3=={version}", "-d", str(tmp_path), "-q"],
-                         capture_output=True, text=True)
-    sdists = list(tmp_path.glob("stable_baselines3-*.tar.gz"))
-    if got.returncode or not sdists:
-        pytest.skip(f"could not download the stable-baselines3 {version} sdist: {got.stderr[-300:]}")
+    sdist = _sb3_sdist(version)
     names = [f"stable_baselines3-{version}/tests/{n}" for n in ("test_gae.py", "test_buffers.py")]
-    with tarfile.open(sdists[0]) as tar:
+    with tarfile.open(sdist) as tar:
         for name in names:
             tar.extract(name, tmp_path, filter="data")
     test_dir = tmp_path / f"stable_baselines3-{version}" / "tests"

@@ -1,0 +1,78 @@
+"""Shared by the benchmark scripts: their command-line parser and side-by-side CPU timing.
+
+Side-by-side timing: the implementations take turns in one process; every round times a batch
+of calls of each, in an order that rotates from round to round, so that a slow phase of a
+shared machine hits all of them alike. Ratios are taken within a round; the scripts report the
+median over the rounds and the spread (lowest to highest round).
+
+This module imports neither torch nor rl_triton at import time, so scripts that load another
+checkout's rl_triton (``--root``) or run without torch can use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from typing import Callable, Dict, List, Sequence
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description with its line breaks, and "(default: ...)" after each option's help."""
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """A parser whose ``--help`` prints ``doc`` (the script's ``__doc__``) in full and every
+    option's default (options need a help string for their default to show)."""
+    return argparse.ArgumentParser(description=doc, formatter_class=HelpFormatter)
+
+
+def alternate(impls: Dict[str, Callable[[], object]], rounds: int = 9, batch_s: float = 0.05) -> Dict[str, List[float]]:
+    """Seconds per call of each implementation in each of ``rounds`` rounds.
+
+    Each implementation is called once untimed (compilation, caches) and once more to size its
+    batch: enough back-to-back calls for about ``batch_s`` seconds (at least one). A round then
+    times one batch of each implementation in turn."""
+    names = list(impls)
+    batch = {}
+    for name, fn in impls.items():
+        fn()
+        start = time.perf_counter()
+        fn()
+        batch[name] = max(1, int(batch_s / max(time.perf_counter() - start, 1e-7)))
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            fn, n = impls[name], batch[name]
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times[name].append((time.perf_counter() - start) / n)
+    return times
+
+
+def ratios(slow: Sequence[float], fast: Sequence[float]) -> List[float]:
+    """``slow[i] / fast[i]`` per round: how many times faster ``fast`` ran in each round."""
+    return [s / f for s, f in zip(slow, fast)]
+
+
+def spread(values: Sequence[float], fmt: str = "{:.1f}", unit: str = "") -> str:
+    """``median (lowest-highest)`` of ``values``, each written with ``fmt`` and ``unit``."""
+    med = statistics.median(values)
+    return f"{fmt.format(med)}{unit} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def machine() -> str:
+    """The CPU model, core count and torch's thread count, for table headers."""
+    import torch
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"

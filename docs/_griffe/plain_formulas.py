@@ -1,0 +1,53 @@
+"""A Griffe extension for the API reference (mkdocs.yml): the docstrings write formulas in
+plain text, such as ``A[t] = delta[t] + gamma*lmbda*(1-done[t])*A[t+1]``, and Markdown would
+read their asterisks as emphasis. This escapes every ``*`` outside code (inline code spans,
+indented and fenced code blocks), so the formulas render as written."""
+
+from __future__ import annotations
+
+import re
+
+import griffe
+
+_CODE_SPAN = re.compile(r"(`+)(?:.*?)\1", re.S)
+
+
+def _escape_prose(text: str) -> str:
+    parts, last = [], 0
+    for span in _CODE_SPAN.finditer(text):
+        parts.append(re.sub(r"(?<!\\)\*", r"\\*", text[last:span.start()]))
+        parts.append(span.group(0))
+        last = span.end()
+    parts.append(re.sub(r"(?<!\\)\*", r"\\*", text[last:]))
+    return "".join(parts)
+
+
+def escape_asterisks(docstring: str) -> str:
+    """``docstring`` with each ``*`` outside code escaped for Markdown."""
+    out, fenced, paragraph = [], False, []
+
+    def flush():
+        if paragraph:
+            out.append(_escape_prose("\n".join(paragraph)))
+            paragraph.clear()
+
+    for line in docstring.split("\n"):
+        if line.lstrip().startswith("```"):
+            flush()
+            fenced = not fenced
+            out.append(line)
+        elif fenced or line.startswith("    ") or not line.strip():
+            flush()
+            out.append(line)
+        else:
+            paragraph.append(line)
+    flush()
+    return "\n".join(out)
+
+
+class PlainFormulas(griffe.Extension):
+    """Escape the asterisks of every docstring's prose once the object tree is loaded."""
+
+    def on_object(self, *, obj: griffe.Object, **kwargs) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = escape_asterisks(obj.docstring.value)

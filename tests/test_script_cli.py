@@ -1,0 +1,73 @@
+"""The command lines of examples/ and benchmarks/: ``--help`` prints the script's whole docstring
+and the options' defaults; the examples' ``--help`` works without their optional packages, and
+a run without them ends in the install line, not a traceback."""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HELPERS = {"sb3_common.py", "common.py", "peers.py"}  # imported by the scripts, no command line
+SCRIPTS = sorted(p for p in glob.glob(os.path.join(ROOT, "examples", "*.py")) + glob.glob(
+    os.path.join(ROOT, "benchmarks", "*.py")) if os.path.basename(p) not in HELPERS)
+EXAMPLES = [p for p in SCRIPTS if os.sep + "examples" + os.sep in p]
+# packages a script imports before parsing its command line (the benchmarks are tools for a set-up
+# machine; only the examples promise a --help without their packages)
+NEEDS = {"engine_ptx.py": ("triton",), "scan_ptx.py": ("triton",),
+         "sb3_crossover.py": ("gymnasium", "stable_baselines3"), "torchrl_cpu.py": ("torchrl",)}
+OPTIONAL = ("gymnasium", "stable_baselines3", "sb3_contrib", "torchrl", "tensordict", "mujoco", "ale_py", "cv2",
+            "matplotlib", "tqdm", "tensorboard")
+
+# runs a script as if the OPTIONAL packages were not installed: the path finder does not see them
+_BLOCKED_RUN = """
+import importlib.machinery, os, runpy, sys
+class Hidden(importlib.machinery.PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            return None
+        return super().find_spec(name, path, target)
+sys.meta_path = [Hidden if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as `python script.py` does
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _run(args, blocked=()):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]), MPLBACKEND="Agg", COLUMNS="100")
+    cmd = [sys.executable, *args] if not blocked else [sys.executable, "-c", _BLOCKED_RUN.format(blocked=blocked),
+                                                       *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def _first_paragraph(path):
+    doc = open(path).read().split('"""')[1]
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=os.path.basename)
+def test_help_shows_the_whole_docstring_and_defaults(path):
+    for module in NEEDS.get(os.path.basename(path), ()):
+        pytest.importorskip(module)
+    result = _run([path, "--help"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _first_paragraph(path) in " ".join(result.stdout.split())
+    assert "(default: " in result.stdout
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=os.path.basename)
+def test_example_without_optional_packages(path):
+    doc = open(path).read().split('"""')[1]
+    assert re.search(r'^    pip install -e "\.\[examples\]"$', doc, re.M), "the docstring gives the install line"
+    helped = _run([path, "--help"], blocked=OPTIONAL)
+    assert helped.returncode == 0, helped.stderr[-3000:]
+    assert 'pip install -e ".[examples]"' in helped.stdout
+    ran = _run([path, "--out", os.devnull], blocked=OPTIONAL)
+    assert ran.returncode == 1, ran.stdout[-2000:] + ran.stderr[-2000:]
+    assert "Traceback" not in ran.stderr, ran.stderr[-3000:]
+    assert "install with pip install -e '.[examples]'" in ran.stderr, ran.stderr
