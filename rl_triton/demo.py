@@ -274,7 +274,7 @@ def run(device: Optional[str] = None, repeats: Optional[int] = None, quick: bool
           f"time); float32, gamma={GAMMA}, lmbda={LMBDA}; median of {repeats} calls after warm-up")
     if fast_name == "torch" and dev.type == "cpu":
         print("note: numba is not installed, so on CPU 'auto' is the plain torch loop "
-              '(pip install "rl-triton[cpu]" for the compiled CPU loop)')
+              '(pip install -e ".[cpu]" for the compiled CPU loop)')
     elif fast_name == "torch":
         print("note: the Triton backend is not usable here, so 'auto' is the plain torch loop")
     print()

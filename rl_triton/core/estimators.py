@@ -62,7 +62,7 @@ class _Call:
         if episode_starts is not None or last_done is not None:
             return self._observation_aligned(terminated, truncated, done, episode_starts, last_done)
         if align:
-            if done is not None and isinstance(done, torch.Tensor) and done.ndim <= self.rows.tdim:
+            if isinstance(done, torch.Tensor) and done.ndim <= self.rows.tdim:
                 raise ValueError(f"done must cover {self.rows.ref_name}'s dims up to the time dim "
                                  f"({self.rows.tdim + 1} or more dims), got shape {tuple(done.shape)}")
             terminated, truncated, done = (

@@ -236,7 +236,8 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
-    return _byte_range(a)[0] < _byte_range(b)[1] and _byte_range(b)[0] < _byte_range(a)[1]
+    (a_lo, a_hi), (b_lo, b_hi) = _byte_range(a), _byte_range(b)
+    return a_lo < b_hi and b_lo < a_hi
 
 
 def _byte_range(x: torch.Tensor) -> tuple[int, int]:

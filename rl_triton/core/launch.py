@@ -65,7 +65,7 @@ def _resolve(backend: str, device: torch.device) -> str:
         return "torch"
     if name == "cpu":
         if not cpu.AVAILABLE:
-            raise ValueError("backend='cpu' needs numba: pip install 'rl-triton[cpu]'")
+            raise ValueError("backend='cpu' needs numba: pip install -e '.[cpu]'")
         if device.type != "cpu":
             raise ValueError(f"backend='cpu' runs CPU tensors, got tensors on {device}")
     if name == "triton" and not triton_usable(device):

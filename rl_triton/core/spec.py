@@ -80,9 +80,10 @@ class Algorithm:
         # float tensors read per step (the launch plan counts those present)
         self.streams = tuple(i for i, k in enumerate(self.kinds) if k in ("f2", "f3"))
         self.has_carry = "carry" in self.names
+        self.has_flags = "terminated" in self.names
         if self.has_carry and self.names.index("carry") != CARRY:
             raise ValueError(f"{name}: the carry argument must stand at position {CARRY}")
-        if "terminated" in self.names:
+        if self.has_flags:
             first = self.names.index("terminated")
             if self.args[first:first + len(FLAGS)] != FLAGS:
                 raise ValueError(f"{name}: the flags must stand together in the order of FLAGS")

@@ -253,7 +253,7 @@ def run(algo: spec.Algorithm, args, outs) -> None:
     reverse = algo.reverse if algo.reverse is not None else bool(args.reverse)
     streams = sum(isinstance(args[i], torch.Tensor) for i in algo.streams)
     config = _launch_config(algo, R, T, acc64, reverse, streams, device)
-    if "terminated" in algo.names and args.terminated is not None and args.terminated is args.done:
+    if algo.has_flags and args.terminated is not None and args.terminated is args.done:
         args = args._replace(terminated=None)  # done alone: every done a termination
     n = len(args)
     packed, direct, keys, wide = _pack(algo.kinds + ("f2",) * len(outs), (*args, *outs), R, T, acc64, device,
