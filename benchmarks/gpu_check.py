@@ -2,7 +2,8 @@
 
 Every algorithm, several dtypes, batch-major and time-major layouts, outputs poisoned with
 NaN before each call (so every element must be written); then torch.compile(fullgraph=True)
-and CUDA-graph capture of gae, and the reverse/forward scan direction at many lengths.
+and CUDA-graph capture of gae, the reverse/forward scan direction at many lengths, and (full run
+on a GPU of 48 GB or more) GAE on a tensor of 2.16e9 elements, the int64 index path.
 The oracle runs on the host in a process pool while the GPU works.
 
     python benchmarks/gpu_check.py            # on a CUDA machine
@@ -180,6 +181,30 @@ def check_direction(device, lengths):
     return worst
 
 
+def check_int64(device):
+    """GAE on a real tensor of more than 2^31 elements (the kernels' int64 index path), checked
+    against the oracle on its first and last rows; None where the GPU lacks the memory (about
+    40 GB)."""
+    import rl_triton as rt
+
+    R, T = (1 << 24) + 3, 129  # 2.16e9 elements
+    if torch.cuda.mem_get_info(device)[0] < 48 * 2**30:
+        return None
+    g = torch.Generator(device=device).manual_seed(0)
+    r = torch.randn(R, T, device=device, generator=g)
+    v = torch.randn(R, T, device=device, generator=g)
+    d = torch.rand(R, T, device=device, generator=g) < 0.02
+    adv, tgt = rt.gae(r, v, done=d, gamma=GAMMA, lmbda=LMBDA)
+    worst = 0.0
+    for rows in (slice(0, 8), slice(R - 8, R)):
+        want = reference("gae", (r[rows], v[rows]), dict(done=d[rows], gamma=GAMMA, lmbda=LMBDA))
+        for got, ref in zip((adv[rows], tgt[rows]), want):
+            worst = max(worst, rel_err(got.double().cpu().numpy(), ref))
+    del r, v, d, adv, tgt
+    torch.cuda.empty_cache()
+    return worst
+
+
 def main():
     p = parser(__doc__)
     p.add_argument("--quick", action="store_true",
@@ -224,6 +249,14 @@ def main():
     cache = check_launch_cache(device)
     print(f"{'ok  ' if cache <= 1e-5 else 'FAIL'} repeated launches across alignments and strides: rel err {cache:.1e}")
     failures += cache > 1e-5
+    if device.type == "cuda" and not args.quick:
+        wide = check_int64(device)
+        if wide is None:
+            print("skip int64 index path: less than 48 GB free on the GPU")
+        else:
+            print(f"{'ok  ' if wide <= 1e-5 else 'FAIL'} int64 index path (GAE, {(1 << 24) + 3}x129 = 2.16e9 "
+                  f"elements), first and last 8 rows: rel err {wide:.1e}")
+            failures += wide > 1e-5
     for name, err in check_compile_and_graphs(device):
         ok = err <= 1e-5
         failures += not ok
