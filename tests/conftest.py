@@ -101,3 +101,13 @@ def rt():
     import rl_triton
 
     return rl_triton
+
+
+@pytest.fixture(autouse=True)
+def _no_plans_across_tests():
+    """Each test starts without call plans (rl_triton/core/plans.py), so that a test changing a
+    module setting with monkeypatch sees it take effect; tests/test_plans.py tests the plans."""
+    from rl_triton.core import plans
+
+    plans.clear()
+    yield

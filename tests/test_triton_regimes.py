@@ -101,12 +101,13 @@ def test_int64_indices_match_oracle(algo, monkeypatch):
 
 def test_index_width_follows_the_offsets():
     """int32 indices unless an offset of the padded tiles reaches 2**31."""
-    small = torch.empty(4, 8)
-    assert not kernels._pack(["f2"], [small], 4, 8, False, small.device, 4, 9)[3]
-    wide = torch.empty_strided((4, 8), (2**29, 1), device="meta")  # 8 GiB apart: no storage needed
-    assert kernels._pack(["f2"], [wide], 4, 8, False, wide.device, 4, 9)[3]
+    def wide(x):
+        return kernels._arg_template("f2", x, 4, 8, False, x.device, 4, 9)[2] >= kernels._INT32_LIMIT
+
+    assert not wide(torch.empty(4, 8))
+    assert wide(torch.empty_strided((4, 8), (2**29, 1), device="meta"))  # 8 GiB apart: no storage needed
     rows_apart = torch.empty_strided((4, 8), (2**28, 1), device="meta")  # 3 * 2**28 < 2**31 <= 8 * 2**28
-    assert kernels._pack(["f2"], [rows_apart], 4, 8, False, rows_apart.device, 4, 9)[3]  # padded to 8 rows
+    assert wide(rows_apart)  # padded to 8 rows
 
 
 def test_input_streams_reach_the_plan(monkeypatch):

@@ -406,37 +406,97 @@ def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
     return _constant(0.0 if x is None else float(x), _NUMPY_DTYPES[dtype], shape)
 
 
-def _episode_starts_args(args, np_dtype):
-    """GAE's arguments in ``gae_episode_starts``'s order when the call is SB3's or CleanRL's,
-    else None. Python-number coefficients are applied in the compute dtype, as everywhere."""
-    if (args.nv_mode != NV_IMPLIED or args.done_mode != DONE_OBS_ALIGNED or args.bootstrap_value is None
-            or isinstance(args.gamma, torch.Tensor) or isinstance(args.lmbda, torch.Tensor)):
-        return None
-    return (args.rewards, args.values, args.done, args.bootstrap_value, args.last_done,
-            float(np_dtype.type(args.gamma)), float(np_dtype.type(args.lmbda)))
+_EPISODE_STARTS_ARGS = ("rewards", "values", "done", "bootstrap_value", "last_done", "gamma", "lmbda")
+
+
+def _episode_starts_call(args) -> bool:
+    """Whether a GAE call is SB3's or CleanRL's (observation-aligned flags, implied next values,
+    a bootstrap value, number coefficients), which ``gae_episode_starts`` serves."""
+    return (args.nv_mode == NV_IMPLIED and args.done_mode == DONE_OBS_ALIGNED and args.bootstrap_value is not None
+            and not isinstance(args.gamma, torch.Tensor) and not isinstance(args.lmbda, torch.Tensor))
+
+
+class Launch:
+    """The launch of one algorithm for one call signature (shapes, strides, dtypes, which inputs
+    are present, the numbers), decided once: the kernel variant and its build, and every argument
+    the signature fixes (stand-ins for absent inputs, constants); a launch converts only the
+    tensors. ``launch(args, outs)``: ``args`` is ``algo.Args`` of ``[R, T]`` views of this
+    signature, ``outs`` the output views; floats are computed in ``dtype``."""
+
+    def __init__(self, algo: spec.Algorithm, dtype: torch.dtype, args, outs):
+        ref = args[0]
+        rows, steps = ref.shape[:2]
+        np_dtype = _NUMPY_DTYPES[dtype]
+        time_major = rows > 1 and ref.stride(0) < ref.stride(1)
+        fn, names, kinds = KERNELS[algo.name], algo.names, algo.kinds
+        if algo is spec.GAE:
+            if _episode_starts_call(args):
+                fn = gae_episode_starts_blocks if time_major else gae_episode_starts
+                names, kinds = _EPISODE_STARTS_ARGS, _EPISODE_STARTS_KINDS
+            elif time_major and rows * steps >= ROW_BLOCK_MIN_ELEMENTS:
+                fn = gae_row_blocks
+        # the kernel's arguments as far as the signature fixes them (stand-ins, constants; a number
+        # coefficient of a scalar parameter applied in the compute dtype, as everywhere), and per
+        # tensor argument its position in the converted list, in args, and its conversion; a
+        # tensor passed twice (done alone stands for terminated too) is converted once
+        self.fixed, self.tensors, self.repeats = [], [], []
+        seen = {}
+        for j, (name, kind) in enumerate(zip(names, kinds)):
+            x = getattr(args, name)
+            if isinstance(x, torch.Tensor):
+                self.fixed.append(None)
+                if (id(x), kind) in seen:
+                    self.repeats.append((j, seen[id(x), kind]))
+                else:
+                    seen[id(x), kind] = j
+                    self.tensors.append((j, algo.names.index(name), _converter(kind, x, dtype)))
+            elif kind == "s" and name in ("gamma", "lmbda"):
+                self.fixed.append(float(np_dtype.type(x)))
+            else:
+                self.fixed.append(_adapt(kind, x, rows, steps, dtype))
+        self.parallel = rows > 1 and rows * steps >= PARALLEL_MIN_ELEMENTS
+        self.kernel = _kernel(fn, (*kinds, *("o2",) * len(outs)), np_dtype, self.parallel)
+
+    def launch(self, args, outs) -> None:
+        converted = self.fixed.copy()
+        for j, pos, convert in self.tensors:
+            converted[j] = convert(args[pos])
+        for j, first in self.repeats:
+            converted[j] = converted[first]
+        converted += [o if type(o) is np.ndarray else o.numpy() for o in outs]
+        if self.parallel:
+            with _PARALLEL:
+                self.kernel(*converted)
+        else:
+            self.kernel(*converted)
+
+
+def new_output(shape: tuple, dtype: torch.dtype, transposed: bool):
+    """A fresh C-ordered output as a tensor and, for the kernels, the numpy array (transposed for
+    ``[R, T]`` rows of a time-major output) whose memory it shares."""
+    a = np.empty(shape, _NUMPY_DTYPES[dtype])
+    return torch.from_numpy(a), a.T if transposed else a
+
+
+def _numpy(x):
+    return x.numpy()
+
+
+def _numpy_bytes(x):
+    return x.numpy().view(np.uint8)
+
+
+def _converter(kind: str, x: torch.Tensor, dtype: torch.dtype):
+    """The conversion of tensors like ``x`` to the kernel's argument of ``kind`` (as ``_adapt``)."""
+    if not x.requires_grad:
+        if kind[0] == "u" and x.dtype in (torch.bool, torch.int8):
+            return _numpy_bytes
+        if (kind[0] == "u" and x.dtype == torch.uint8) or (kind[0] == "f" and x.dtype == dtype):
+            return _numpy
+    return functools.partial(_adapt, kind, rows=0, steps=0, dtype=dtype)
 
 
 def run(algo: spec.Algorithm, dtype: torch.dtype, args, outs) -> None:
     """Run ``algo``'s kernel: ``args`` is ``algo.Args``, ``outs`` the ``[R, T]`` output views;
     floats are computed in ``dtype``."""
-    ref = args[0]
-    rows, steps = ref.shape[:2]
-    np_dtype = _NUMPY_DTYPES[dtype]
-    time_major = rows > 1 and ref.stride(0) < ref.stride(1)
-    fn, arg_kinds = KERNELS[algo.name], algo.kinds
-    if algo is spec.GAE:
-        fast = _episode_starts_args(args, np_dtype)
-        if fast is not None:
-            fn = gae_episode_starts_blocks if time_major else gae_episode_starts
-            args, arg_kinds = fast, _EPISODE_STARTS_KINDS
-        elif time_major and rows * steps >= ROW_BLOCK_MIN_ELEMENTS:
-            fn = gae_row_blocks
-    converted = [_adapt(k, a, rows, steps, dtype) for k, a in zip(arg_kinds, args)]
-    converted += [o.numpy() for o in outs]
-    parallel = rows > 1 and rows * steps >= PARALLEL_MIN_ELEMENTS
-    kernel = _kernel(fn, (*arg_kinds, *("o2",) * len(outs)), np_dtype, parallel)
-    if parallel:
-        with _PARALLEL:
-            kernel(*converted)
-    else:
-        kernel(*converted)
+    Launch(algo, dtype, args, outs).launch(args, outs)

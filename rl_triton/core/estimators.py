@@ -16,13 +16,29 @@ from __future__ import annotations
 import torch
 
 from . import coefficients as C
-from . import cpu, inputs, launch, scan, spec
+from . import cpu, inputs, launch, plans, scan, spec
 
 _TRUNCATION_HELP = (
     "truncated steps bootstrap from the value of the final observation, which values[t+1] does "
     "not hold: pass next_values (V(s_{t+1}) of the true successor at every step), or fold the "
     "truncation bootstrap into the rewards and pass only terminated/done"
 )
+
+
+def _binary(**flags):
+    for name, f in flags.items():
+        if f.dtype != torch.bool and not cpu.all_binary(f):
+            raise ValueError(f"{name} must hold only 0 and 1")
+
+
+def _terminations_are_dones(terminated, done):
+    if not cpu.implies(terminated, done):
+        raise ValueError("terminated is set at a step where done is not; done must include terminations")
+
+
+def _in_unit_interval(**coefficient):
+    (name, x), = coefficient.items()
+    inputs.check_unit_interval(x, name)
 
 
 class _Call:
@@ -34,6 +50,9 @@ class _Call:
         self.cd = inputs.compute_dtype(ref.dtype)
         self.grad_inputs = [ref]
         self.term = self.done = self.trunc = self.last_done = None
+        self.checks = []  # (check, argument names): checks that read data, rerun by the call's plan
+        self.numbers = []  # (name, value): one-element tensors read as numbers, which a plan must find again
+        self.plannable = True  # False: the call's signature does not fix what the kernels receive
 
     # -- validation ----------------------------------------------------------------------
     def value(self, x, name, *, optional=False, shape=None):
@@ -47,12 +66,21 @@ class _Call:
         return self.value(x, name, optional=True, shape=self.rows.row_shape)
 
     def coefficient(self, x, name):
+        given = x
         x = self.rows.coefficient(x, name)
         if isinstance(x, torch.Tensor):
             if x.numel() == 1 and x.device.type == "cpu" and not x.requires_grad \
                     and not torch.compiler.is_compiling():
                 # the number it holds, read without a sync: backends then take their constant path
-                return float(x)
+                # (the call's plan reads it again on every call)
+                value = float(x)
+                if x is given:
+                    self.numbers.append((name, value))
+                else:
+                    self.plannable = False
+                return value
+            if inputs.value_checks_on(x.device) and x is given:
+                self.checks.append((_in_unit_interval, (name,)))
             self.grad_inputs.append(x)
         return x
 
@@ -77,8 +105,8 @@ class _Call:
                 "with optional terminated), not truncated together with done"
             )
         if self._check_binary(terminated=terminated, truncated=truncated, done=done):
-            if terminated is not None and done is not None and not cpu.implies(terminated, done):
-                raise ValueError("terminated is set at a step where done is not; done must include terminations")
+            if terminated is not None and done is not None:
+                self._data_check(_terminations_are_dones, terminated=terminated, done=done)
         self.maybe_truncated = truncated is not None or (done is not None and terminated is not None)
         if done is not None:
             self.done = done
@@ -90,10 +118,15 @@ class _Call:
         """Data check that flags hold only 0 and 1; returns whether value checks are on."""
         if not inputs.value_checks_on(self.rows.device):
             return False
-        for name, f in flags.items():
-            if f is not None and f.dtype != torch.bool and not cpu.all_binary(f):
-                raise ValueError(f"{name} must hold only 0 and 1")
+        flags = {name: f for name, f in flags.items() if f is not None and f.dtype != torch.bool}
+        if flags:
+            self._data_check(_binary, **flags)
         return True
+
+    def _data_check(self, check, **tensors):
+        """Run a check that reads the tensors' values, and keep it for the call's plan."""
+        check(**tensors)
+        self.checks.append((check, tuple(tensors)))
 
     def _observation_aligned(self, terminated, truncated, done, episode_starts, last_done):
         if episode_starts is None or last_done is None:
@@ -165,9 +198,19 @@ class _Call:
         return outs if len(outs) > 1 else outs[0]
 
     def run_fused(self, algo: spec.Algorithm, **args):
-        """Run ``algo``'s fused kernel on ``[R, T]`` views of the named arguments."""
+        """Run ``algo``'s fused kernel on ``[R, T]`` views of the named arguments; where the call
+        is recorded (rl_triton/core/plans.py), through the plan it leaves."""
+        args = algo.bind(**args)
+        recorder = plans.recorder()
+        if recorder is not None and self.plannable and not any(self.aliased) \
+                and not torch.compiler.is_compiling():
+            plan = recorder.build(algo, self.backend, self.cd, args, self.rows, self.out, self.checks, self.numbers)
+            if plan is not None:
+                return plan.execute(recorder.values)
+        elif recorder is not None and any(self.aliased):
+            recorder.final = False  # aliasing belongs to this call, not to the signature
         given = [None if a else o for o, a in zip(self.out, self.aliased)]
-        results = launch.run(algo, self.backend, self.cd, algo.bind(**args), self.rows, given)
+        results = launch.run(algo, self.backend, self.cd, args, self.rows, given)
         results = tuple(o.copy_(r) if a else r for r, o, a in zip(results, self.out, self.aliased))
         return results if len(results) > 1 else results[0]
 
@@ -213,6 +256,7 @@ class _Call:
         return torch.cat([self.f(values)[:, 1:], self.f_row(bootstrap_value)[:, None]], 1)
 
 
+@plans.cached
 def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=None, truncated=None,
         done=None, gamma=0.99, lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None,
         last_done=None):
@@ -242,6 +286,7 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     return c.results([adv, adv + v])
 
 
+@plans.cached
 def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, done=None, gamma=0.99,
                      lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None):
     """TD(lambda) return, restarting at every done and bootstrapping at truncations and the window end.
@@ -266,6 +311,7 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     return c.results([scan.scan(alpha, beta, nv[:, -1], True, c.backend)])
 
 
+@plans.cached
 def discounted_return(rewards, *, terminated=None, truncated=None, done=None, next_values=None,
                       bootstrap_value=None, gamma=0.99, time_dim=-1, backend=None, out=None, episode_starts=None,
                       last_done=None):
@@ -299,6 +345,7 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     return c.results([scan.scan(alpha, beta, carry, True, c.backend)])
 
 
+@plans.cached
 def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value=None, terminated=None,
            truncated=None, done=None, gamma=0.99, lmbda=1.0, rho_bar=1.0, c_bar=1.0, rho_bar_pg=None,
            time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None):
@@ -339,6 +386,7 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     return c.results([vs, pg])
 
 
+@plans.cached
 def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=None, next_q=None,
             terminated=None, truncated=None, done=None, gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1,
             backend=None, out=None, episode_starts=None, last_done=None):
@@ -409,6 +457,7 @@ def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
     return c.results([scan.scan(c.f(x), beta, c.f_row(initial), False, c.backend)])
 
 
+@plans.cached
 def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time_dim=-1, backend=None, out=None):
     """Accumulating eligibility trace, forward in time, reset after each done.
 
@@ -418,6 +467,7 @@ def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time
     return _eligibility_trace(x, done, [("gamma", gamma), ("lmbda", lmbda)], initial, time_dim, backend, out)
 
 
+@plans.cached
 def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None, out=None):
     """Running sum within episodes, forward in time: c[t] = x[t] + (1-done[t-1])*c[t-1], c[-1] = initial."""
     return _eligibility_trace(x, done, [("gamma", 1.0), ("lmbda", 1.0)], initial, time_dim, backend, out)

@@ -31,6 +31,19 @@ def env(name: str) -> str | None:
     return os.environ.get(name)
 
 
+_ENVIRON = os.environ._data if isinstance(getattr(os.environ, "_data", None), dict) and os.name == "posix" else None
+_ENV_KEYS = (b"RL_TRITON_BACKEND", b"RL_TRITON_CHECK_VALUES")
+
+
+def env_state() -> tuple:
+    """The values of the environment variables the library reads, for a call's signature.
+    CPython's ``os.environ`` keeps them in a dict of bytes on POSIX, which ``os.environ[...] =``
+    updates; read there, the two cost a tenth of ``os.environ.get``."""
+    if _ENVIRON is not None:
+        return _ENVIRON.get(_ENV_KEYS[0]), _ENVIRON.get(_ENV_KEYS[1])
+    return os.environ.get("RL_TRITON_BACKEND"), os.environ.get("RL_TRITON_CHECK_VALUES")
+
+
 def value_checks_on(device: torch.device) -> bool:
     """Data-reading checks: on for CPU tensors, opt-in for accelerators (they would sync);
     never inside a torch.compile trace (a data-dependent branch would break the graph)."""

@@ -77,19 +77,29 @@ def _resolve(backend: str, device: torch.device) -> str:
     return name
 
 
+def prepare(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, outs):
+    """The backend's launch of ``algo`` for the signature of these ``[R, T]`` views (``args``:
+    ``algo.Args``; ``outs``: output views), with ``launch(args, outs)``."""
+    if backend == "cpu":
+        return cpu.Launch(algo, compute, args, outs)
+    return _kernels().Launch(algo, args, outs)
+
+
+def output_dtype(backend: str, compute: torch.dtype, dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels write: numba the compute dtype, Triton the caller's."""
+    return compute if backend == "cpu" else dtype
+
+
 def _dispatch(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, outs) -> None:
     """Run ``algo`` on ``[R, T]`` views (``args``: ``algo.Args``) into the output views ``outs``."""
-    if backend == "cpu":
-        cpu.run(algo, compute, args, outs)
-    else:
-        _kernels().run(algo, args, outs)
+    prepare(algo, backend, compute, args, outs).launch(args, outs)
 
 
 def _run(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, rows: inputs.Rows, given):
     """Outputs in the caller's layout (``given``: caller tensors or None each). The kernels write
     the outputs in place where they have an ``[R, T]`` view in the kernel's dtype (numba writes
     the compute dtype, Triton the caller's), else into a buffer copied out afterwards."""
-    dtype = compute if backend == "cpu" else rows.dtype
+    dtype = output_dtype(backend, compute, rows.dtype)
     outs = []
     for out in given:
         out, view = rows.output(out) if dtype == rows.dtype else (out, None)

@@ -7,9 +7,10 @@ is split into segments (reduce-then-scan) when the rows alone cannot fill the GP
 the H200 sweeps behind them are in docs/benchmarks.md; re-tune with
 ``python benchmarks/sweep_plan.py``.
 
-The first launch of each argument specialisation (dtypes, alignment, strides, sizes) goes
-through Triton's dispatch, which compiles or finds the kernel; the compiled kernel is kept under
-that key and later launches call its launcher directly (``_launch``).
+A :class:`Launch` holds what one call signature fixes (plan, engine arguments but for the data
+pointers). The first launch of each argument specialisation (dtypes, alignment, strides, sizes)
+goes through Triton's dispatch, which compiles or finds the kernel; the compiled kernel is kept
+under that key and later launches call its launcher directly with data pointers.
 """
 
 from __future__ import annotations
@@ -163,69 +164,159 @@ def _scalar(x) -> float:
 _INT32_LIMIT = 2**31
 
 
-def _pack(arg_kinds, args, R: int, T: int, acc64: bool, device, pad_r: int, pad_t: int):
-    """The arguments in the engine's form (strided views as tuples, constants as (None, value),
-    absent inputs and modes as None), twice: with tensors (for Triton's dispatch) and with their
-    device addresses (for direct launches); the key of their specialisation: tensor dtype,
-    16-byte alignment and the strides themselves, a superset of what Triton specialises on, so
-    a kernel cached under it is reused only where Triton's dispatch would choose the same one;
-    and whether some offset, padded tiles included, needs 64-bit indices."""
-    packed, direct, keys = [], [], []
-    extent = 0
-    for kind, x in zip(arg_kinds, args):
-        if x is None or kind == "i" or kind == "b":  # direction is a constexpr
-            p = d = s = None
-        elif kind == "s":
-            p = d = _scalar(x)
-            s = 1
-        elif isinstance(x, torch.Tensor):
-            strides = x.stride()
-            ptr = x.data_ptr()
-            if kind == "f3":
-                p, d = (x, *strides, x.shape[2]), (ptr, *strides, x.shape[2])
-                extent = max(extent, (R + pad_r) * strides[0] + (T + pad_t) * strides[1] + x.shape[2] * strides[2])
-            else:
-                p, d = (x, *strides), (ptr, *strides)
-                extent = max(extent, (R + pad_r) * strides[0] + ((T + pad_t) * strides[1] if len(strides) > 1 else 0))
-            s = (x.dtype, ptr % 16 == 0, strides)
-        elif acc64:  # a float64 number stays exact: read it from a broadcast tensor
-            c = torch.full((), float(x), dtype=torch.float64, device=device).expand(R, T)
-            p, d, s = (c, 0, 0), (c.data_ptr(), 0, 0), 2
-        else:
-            p = d = (None, _scalar(x))
-            s = 0
-        packed.append(p)
-        direct.append(d)
-        keys.append(s)
-    return packed, direct, tuple(keys), extent >= _INT32_LIMIT
+def _arg_template(kind, x, R: int, T: int, acc64: bool, device, pad_r: int, pad_t: int):
+    """One argument in the engine's form, as far as it is fixed by the call's signature: for a
+    tensor its strides (the data pointer is filled in per launch) and the offset its padded tiles
+    reach; constants as ``(None, value)``; absent inputs and modes as None. Returns (template,
+    key part, reach)."""
+    if x is None or kind == "i" or kind == "b":  # direction is a constexpr
+        return None, None, 0
+    if kind == "s":
+        value = _scalar(x)
+        return value, 1, 0
+    if isinstance(x, torch.Tensor):
+        strides = x.stride()
+        if kind == "f3":
+            reach = (R + pad_r) * strides[0] + (T + pad_t) * strides[1] + x.shape[2] * strides[2]
+            return (*strides, x.shape[2]), (x.dtype, strides), reach
+        return strides, (x.dtype, strides), (R + pad_r) * strides[0] + (
+            (T + pad_t) * strides[1] if len(strides) > 1 else 0)
+    if acc64:  # a float64 number stays exact: read it from a broadcast tensor
+        c = torch.full((), float(x), dtype=torch.float64, device=device).expand(R, T)
+        return c, (torch.float64, (0, 0)), 0
+    return (None, _scalar(x)), 0, 0
 
 
 _compiled: dict = {}
 
 
-def _launch(key, config: _Config, args, direct, ws, runtime, phase, idx):
-    """Launch one phase of the engine. The first launch of a specialisation goes through Triton's
-    dispatch (compiling if needed); later ones call the compiled kernel directly with device
-    addresses, skipping the per-call argument binding, key hashing and pointer queries that
-    dominate a small launch's host time."""
-    key = (key, phase)
-    kernel = _compiled.get(key)
-    grid, constexprs = config.grid, config.constexprs[phase]
-    if kernel is not None and not _hooks_active():
-        stream = _stream_getter()(ws.device.index)
-        kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                   *direct, ws.data_ptr(), *runtime, *constexprs, idx)
-        return
+class Launch:
+    """The launch of one algorithm on ``[R, T]`` views of one signature (shapes, strides, dtypes,
+    which inputs are present, the numbers), decided once: the plan, the engine's arguments with
+    the data pointers left open, and the kernel's cache key but for the pointers' alignment.
+
+    ``launch(args, outs)`` runs it on views (going through Triton's dispatch the first time a
+    specialisation is met); ``launch_direct(ptrs)`` on the data pointers of the tensor arguments
+    in order (``tensor_slots``) and then the outputs', calling the compiled kernel's launcher
+    directly, or returns False when no kernel is compiled yet for their alignment."""
+
+    def __init__(self, algo: spec.Algorithm, args, outs):
+        ref = args[0]
+        R, T = ref.shape[:2]
+        acc64 = ref.dtype == torch.float64
+        device = self.device = ref.device
+        reverse = algo.reverse if algo.reverse is not None else bool(args.reverse)
+        streams = sum(isinstance(args[i], torch.Tensor) for i in algo.streams)
+        config = self.config = _launch_config(algo, R, T, acc64, reverse, streams, device)
+        if algo.has_flags and args.terminated is not None and args.terminated is args.done:
+            args = args._replace(terminated=None)  # done alone: every done a termination
+        kinds = algo.kinds + ("f2",) * len(outs)
+        templates, keys, reach = [], [], 0
+        for kind, x in zip(kinds, (*args, *outs)):
+            template, key, r = _arg_template(kind, x, R, T, acc64, device, config.block_r, config.block_t + 1)
+            templates.append(template)
+            keys.append(key)
+            reach = max(reach, r)
+        self.n_args = len(args)
+        # positions of the tensor arguments (inputs then outputs): their pointers come per launch;
+        # float64 constants are tensors made here (kept alive by the template)
+        self.constants = {i: t for i, t in enumerate(templates) if isinstance(t, torch.Tensor)}
+        self.tensor_slots = tuple(i for i, x in enumerate((*args, *outs))
+                                  if isinstance(x, torch.Tensor) or i in self.constants)
+        self.templates = templates
+        self.keys = tuple(keys)
+        self.wide = reach >= _INT32_LIMIT
+        self.idx = tl.int64 if self.wide else tl.int32
+        self.runtime = (R, T, config.seg_chunks, config.n_seg)
+        self.ws_size = R * config.n_seg * 2 if config.n_seg > 1 else 0
+        self.ws_dtype = torch.float64 if acc64 else torch.float32
+        self.kernels: dict = {}  # alignment bits -> {phase: compiled kernel}
+
+    def _key(self, aligned):
+        keys = list(self.keys)
+        for slot, a in zip(self.tensor_slots, aligned):
+            if slot not in self.constants:
+                keys[slot] = (*keys[slot], a)
+        return (self.config.key, tuple(keys), self.runtime, self.wide)
+
+    def launch(self, args, outs) -> None:
+        """Launch on views of this signature (``args``: the algorithm's arguments, ``outs``:
+        output views); the tensors are handed to Triton's dispatch where no kernel is compiled."""
+        values = (*args, *outs)
+        tensors = [self.constants.get(i, values[i]) for i in self.tensor_slots]
+        ptrs = [t.data_ptr() for t in tensors]
+        if self.launch_direct(ptrs):
+            return
+        packed = list(self.templates)
+        for slot, t in zip(self.tensor_slots, tensors):
+            packed[slot] = (t, 0, 0) if slot in self.constants else (t, *packed[slot])
+        n = self.n_args
+        ws = self._workspace(tensors[0])
+        compiled = {}
+        with self._on_device():
+            for phase in self._phases():
+                compiled[phase] = _dispatch(self.config, (tuple(packed[:n]), tuple(packed[n:])), ws, self.runtime,
+                                            phase, self.idx)
+        if not INTERPRET and all(hasattr(k, "packed_metadata") and hasattr(k, "function") for k in compiled.values()):
+            aligned = tuple(p % 16 == 0 for p in ptrs)
+            _compiled[self._key(aligned)] = self.kernels[aligned] = compiled
+
+    def launch_direct(self, ptrs) -> bool:
+        """Launch on the data pointers of ``tensor_slots`` (constants' included); False when no
+        kernel is compiled for their alignment (or launch hooks are set), nothing launched."""
+        aligned = tuple(p % 16 == 0 for p in ptrs)
+        kernels = self.kernels.get(aligned)
+        if kernels is None:
+            # compiled for another Launch of the same specialisation (the full path builds one per call)
+            kernels = _compiled.get(self._key(aligned))
+            if kernels is not None:
+                self.kernels[aligned] = kernels
+        if kernels is None or _hooks_active():
+            return False
+        direct = list(self.templates)
+        for slot, ptr in zip(self.tensor_slots, ptrs):
+            template = direct[slot]
+            direct[slot] = (ptr, 0, 0) if slot in self.constants else (ptr, *template)
+        n = self.n_args
+        args = (tuple(direct[:n]), tuple(direct[n:]))
+        config = self.config
+        grid = config.grid
+        with self._on_device():
+            stream = _stream_getter()(self.device.index)
+            ws = self._workspace(None) if self.ws_size else None
+            ws_ptr = ptrs[0] if ws is None else ws.data_ptr()
+            for phase in self._phases():
+                kernel = kernels[phase]
+                kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                           *args, ws_ptr, *self.runtime, *config.constexprs[phase], self.idx)
+        return True
+
+    def _phases(self):
+        return (1, 2) if self.config.n_seg > 1 else (0,)
+
+    def _workspace(self, first):
+        """The segment scan's workspace; a single pass reads none (the first input stands in)."""
+        if not self.ws_size:
+            return first
+        return torch.empty(self.ws_size, dtype=self.ws_dtype, device=self.device)
+
+    def _on_device(self):
+        other = self.device.type == "cuda" and self.device.index != torch._C._cuda_getDevice()
+        return torch.cuda.device(self.device) if other else contextlib.nullcontext()
+
+
+def _dispatch(config: _Config, args, ws, runtime, phase, idx):
+    """Launch one phase of the engine through Triton's dispatch (compiling if needed); returns
+    the compiled kernel."""
     try:
-        kernel = scan_kernel[grid](*args, ws, *runtime, *constexprs, idx, num_warps=config.num_warps)
+        return scan_kernel[config.grid](*args, ws, *runtime, *config.constexprs[phase], idx,
+                                        num_warps=config.num_warps)
     except Exception as e:
         if "outside of the scope of a kernel" in str(e):  # jit functions built before TRITON_INTERPRET=1 was set
             raise RuntimeError("TRITON_INTERPRET=1 was set after triton was imported in this process; set it "
                                "before the first import of rl_triton, torch and triton (for example in the "
                                "shell: TRITON_INTERPRET=1 python ...)") from e
         raise
-    if not INTERPRET and hasattr(kernel, "packed_metadata") and hasattr(kernel, "function"):
-        _compiled[key] = kernel
 
 
 @functools.lru_cache(maxsize=None)
@@ -246,29 +337,4 @@ def _hooks_active() -> bool:
 
 def run(algo: spec.Algorithm, args, outs) -> None:
     """Launch ``algo`` on ``[R, T]`` views: ``args`` is ``algo.Args``, ``outs`` the output views."""
-    ref = args[0]
-    R, T = ref.shape[:2]
-    acc64 = ref.dtype == torch.float64
-    device = ref.device
-    reverse = algo.reverse if algo.reverse is not None else bool(args.reverse)
-    streams = sum(isinstance(args[i], torch.Tensor) for i in algo.streams)
-    config = _launch_config(algo, R, T, acc64, reverse, streams, device)
-    if algo.has_flags and args.terminated is not None and args.terminated is args.done:
-        args = args._replace(terminated=None)  # done alone: every done a termination
-    n = len(args)
-    packed, direct, keys, wide = _pack(algo.kinds + ("f2",) * len(outs), (*args, *outs), R, T, acc64, device,
-                                       config.block_r, config.block_t + 1)
-    args = (tuple(packed[:n]), tuple(packed[n:]))
-    direct = (tuple(direct[:n]), tuple(direct[n:]))
-    runtime = (R, T, config.seg_chunks, config.n_seg)
-    idx = tl.int64 if wide else tl.int32
-    # the workspace is a fresh (aligned) allocation, or the first input, which the key covers
-    key = (config.key, keys, runtime, wide)
-    other_gpu = device.type == "cuda" and device.index != torch.cuda.current_device()
-    with torch.cuda.device(device) if other_gpu else contextlib.nullcontext():
-        if config.n_seg > 1:
-            ws = torch.empty(R * config.n_seg * 2, dtype=torch.float64 if acc64 else torch.float32, device=device)
-            _launch(key, config, args, direct, ws, runtime, 1, idx)
-            _launch(key, config, args, direct, ws, runtime, 2, idx)
-        else:
-            _launch(key, config, args, direct, ref, runtime, 0, idx)
+    Launch(algo, args, outs).launch(args, outs)

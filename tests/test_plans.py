@@ -1,0 +1,245 @@
+"""Call plans (rl_triton/core/plans.py): a repeated call of one signature runs the plan its first
+call left, and gives what the full path gives, against the float64 oracle; whatever the key
+does not hold is still checked on every call."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import rl_triton
+from rl_triton.core import plans
+from rl_triton.testing import make
+from rl_triton.testing.catalog import VARIANTS
+
+from conftest import TRITON_INTERPRET_AT_STARTUP
+
+BACKENDS = ["cpu"] + (["triton"] if TRITON_INTERPRET_AT_STARTUP else [])
+CASES = [(fn, variant) for fn, variants in VARIANTS.items() if fn != "affine_scan" for variant in variants]
+
+
+def _plans():
+    return [p for p in plans._plans.values() if p is not plans._NO_PLAN]
+
+
+def _check(problem, got, tol=1e-5):
+    for g, w in zip(got, problem.expected()):
+        np.testing.assert_allclose(g.double().numpy(), w, rtol=tol, atol=tol)
+
+
+@pytest.fixture
+def executions(monkeypatch):
+    """How many calls ran through a plan (the first call of a signature included)."""
+    runs = []
+    real = plans.Plan.execute
+    monkeypatch.setattr(plans.Plan, "execute", lambda self, values: runs.append(self) or real(self, values))
+    return runs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn,variant", CASES)
+def test_repeated_calls_run_the_plan(fn, variant, backend, executions):
+    """Calls of one signature with new values: the first leaves a plan, the next run it; every
+    result matches the oracle."""
+    shape = (5, 12) if backend == "triton" else (7, 33)
+    for seed in range(3):
+        p = make(fn, shape, variant, seed=seed)
+        _check(p, p.call(backend))
+    assert len(_plans()) == 1 and len(executions) == 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", ["gae", "vtrace", "discounted_return", "eligibility_trace"])
+def test_repeated_calls_with_out(fn, backend, executions):
+    for seed in range(3):
+        p = make(fn, (4, 9), seed=seed)
+        outs = tuple(torch.full(p.shape, float("nan")) for _ in range(p.n_out))
+        got = p.call(backend, out=outs if p.n_out == 2 else outs[0])
+        assert all(g is o for g, o in zip(got, outs))
+        _check(p, got)
+    assert len(executions) == 3
+
+
+@pytest.mark.parametrize("layout", ["time-major", "transposed", "strided"])
+def test_layouts(layout, executions):
+    """Time-major rollouts (CleanRL's, SB3's), transposed views and strided slices: the plan's
+    views are offsets and strides into the caller's tensors."""
+    for seed in range(3):
+        if layout == "time-major":
+            p = make("gae", (9, 4), "episode_starts", time_dim=0, seed=seed)
+        else:
+            p = make("gae", (4, 9), "done", seed=seed)
+            if layout == "transposed":
+                args = tuple(x.t().contiguous().t() for x in p.args)
+            else:
+                args = tuple(torch.cat([x, x], 1)[:, 1::2] for x in p.args)
+            p = type(p)(p.fn, args, p.kwargs)
+        _check(p, p.call("cpu"))
+    assert len(_plans()) == 1 and len(executions) == 3
+
+
+def test_a_new_signature_gets_a_new_plan():
+    calls = [make("gae", (4, 9), seed=0), make("gae", (4, 10), seed=1), make("gae", (4, 9), dtype=torch.float64),
+             make("gae", (4, 9), "done", seed=2), make("gae", (4, 9), seed=3, gamma=0.5)]
+    for p in calls + calls:
+        _check(p, p.call("cpu"))
+    assert len(_plans()) == len(calls)
+
+
+def test_data_checks_run_on_every_call():
+    """Float flags are checked for 0/1 on CPU on every call, not only on the plan's first."""
+    p = make("gae", (4, 9), "gym", seed=0)
+    flags = {name: p.kwargs[name].float() for name in ("terminated", "truncated")}
+    p = p.updated(**flags)
+    _check(p, p.call("cpu"))
+    bad = flags["terminated"].clone()
+    bad[1, 2] = 2.0
+    with pytest.raises(ValueError, match="terminated must hold only 0 and 1"):
+        p.updated(terminated=bad).call("cpu")
+    done = make("td_lambda_return", (4, 9), "torchrl", seed=1)
+    done.call("cpu")
+    term = done.kwargs["terminated"].clone()
+    term[0, 0], term[0, 1] = True, True
+    with pytest.raises(ValueError, match="terminated is set at a step where done is not"):
+        done.updated(terminated=term, done=torch.zeros_like(done.kwargs["done"])).call("cpu")
+
+
+def test_coefficient_tensors_are_read_on_every_call():
+    """A one-element gamma tensor (TorchRL keeps one as a buffer) is read per call: updating it
+    in place changes the next result."""
+    gamma = torch.tensor(0.99)
+    p = make("gae", (4, 9), seed=0).updated(gamma=gamma)
+    _check(p, p.call("cpu"))
+    gamma.fill_(0.5)
+    _check(p.updated(gamma=0.5), p.call("cpu"))
+    wide = torch.full((4, 9), 0.9)
+    q = make("gae", (4, 9), seed=1).updated(gamma=wide)
+    q.call("cpu")
+    wide[2, 3] = 1.5
+    with pytest.raises(ValueError, match="gamma must lie in"):
+        q.call("cpu")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_aliasing_an_input_on_a_repeated_call(backend):
+    """The key cannot see aliasing: a repeated call whose out= overlaps an input takes the full
+    path, which computes into fresh memory first."""
+    p = make("gae", (4, 9), "done", seed=0)
+    p.call(backend, out=(torch.empty(p.shape), torch.empty(p.shape)))
+    q = make("gae", (4, 9), "done", seed=1)
+    want = q.expected()
+    values = q.args[1].clone()
+    q = type(q)(q.fn, (q.args[0], values), q.kwargs)
+    got = q.call(backend, out=(values, torch.empty(q.shape)))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.double().numpy(), w, rtol=1e-5, atol=1e-5)
+    both = torch.empty(q.shape)
+    with pytest.raises(ValueError, match="share memory"):
+        q.call(backend, out=(both, both))
+
+
+def test_grad_mode_is_part_of_the_signature():
+    r = torch.randn(4, 9, requires_grad=True)
+    v = torch.randn(4, 9)
+    adv = rl_triton.gae(r, v, backend="cpu")[0]
+    assert adv.requires_grad
+    with torch.no_grad():
+        for _ in range(2):
+            adv_ng = rl_triton.gae(r, v, backend="cpu")[0]
+            assert not adv_ng.requires_grad
+            torch.testing.assert_close(adv_ng, adv.detach())
+    assert rl_triton.gae(r, v, backend="cpu")[0].requires_grad
+
+
+def test_environment_is_part_of_the_signature(monkeypatch):
+    p = make("gae", (4, 9), seed=0)
+    p.call()
+    monkeypatch.setenv("RL_TRITON_BACKEND", "torch")
+    p.call()
+    monkeypatch.setenv("RL_TRITON_BACKEND", "no-such-backend")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        p.call()
+
+
+def test_threads_share_plans():
+    """Threads calling one signature concurrently get the serial results bit for bit."""
+    problems = [make("gae", (16, 64), "done", seed=s) for s in range(8)]
+    serial = [p.call("cpu") for p in problems]
+    plans.clear()
+    results, errors = {}, []
+
+    def work(k):
+        try:
+            for _ in range(20):
+                results[k] = problems[k].call("cpu")
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for k, want in enumerate(serial):
+        assert all(torch.equal(a, b) for a, b in zip(results[k], want))
+
+
+def test_the_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(plans, "MAX_PLANS", 4)
+    for T in range(1, 10):
+        rl_triton.discounted_return(torch.ones(2, T), backend="cpu")
+    assert len(plans._plans) == 4
+
+
+def test_calls_that_cannot_be_keyed_take_the_full_path(executions):
+    r = torch.randn(3, 5)
+    rl_triton.gae(r, r, time_dim=np.int64(1), backend="cpu")
+    rl_triton.gae(torch.nn.Parameter(r), r, backend="cpu")
+    assert not executions and not plans._plans
+
+
+def test_direct_launch_passes_what_dispatch_passes(monkeypatch):
+    """The GPU launch from data pointers (Launch.launch_direct) gives the compiled kernel the
+    arguments Triton's dispatch got, each tensor replaced by its data pointer. Checked without a
+    GPU: a stand-in compiled kernel records both."""
+    pytest.importorskip("triton")
+    from rl_triton.core import kernels, spec
+
+    dispatched, launched = [], []
+
+    class Compiled:
+        function = packed_metadata = object()
+
+        def run(self, *args):
+            launched.append(args[9:])
+
+    def dispatch(config, args, ws, runtime, phase, idx):
+        dispatched.append((args, ws, runtime, config.constexprs[phase], idx))
+        return Compiled()
+
+    monkeypatch.setattr(kernels, "_dispatch", dispatch)
+    monkeypatch.setattr(kernels, "INTERPRET", False)
+    monkeypatch.setattr(kernels, "_compiled", {})
+    monkeypatch.setattr(kernels, "_stream_getter", lambda: lambda index: 0)
+    r, v, term, trunc, nv = torch.randn(5, 3, 40).unbind(1)[0], torch.randn(5, 40), torch.rand(5, 40) < 0.1, \
+        torch.rand(5, 40) < 0.1, torch.randn(40, 5).t()
+    args = spec.GAE.bind(rewards=r, values=v, next_values=nv, terminated=term, truncated=trunc, gamma=0.9, lmbda=0.8)
+    outs = [torch.empty(5, 40), torch.empty(5, 40)]
+    launch = kernels.Launch(spec.GAE, args, outs)
+    launch.launch(args, outs)
+    assert len(dispatched) == 1 and not launched
+    values = (*args, *outs)
+    ptrs = [values[i].data_ptr() for i in launch.tensor_slots]
+    assert launch.launch_direct(ptrs)
+
+    def as_pointers(x):
+        if isinstance(x, tuple):
+            return tuple(as_pointers(y) for y in x)
+        return x.data_ptr() if isinstance(x, torch.Tensor) else x
+
+    (ins, outs_), ws, runtime, constexprs, idx = dispatched[0]
+    assert launched[0] == (as_pointers(ins), as_pointers(outs_), ws.data_ptr(), *runtime, *constexprs, idx)
