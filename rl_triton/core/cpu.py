@@ -390,8 +390,11 @@ def implies(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
     """One kernel argument from the launcher's form (tensor, None or number) to numba's.
 
-    Absent or constant arrays become stride-0 broadcasts, flags become uint8 0/1.
+    Absent or constant arrays become stride-0 broadcasts, flags become uint8 0/1. A numpy array
+    stands for the tensor sharing its memory.
     """
+    if type(x) is np.ndarray:
+        x = torch.from_numpy(x)
     if isinstance(x, torch.Tensor):
         if x.requires_grad:  # the fused path runs with autograd off; numpy() refuses such tensors
             x = x.detach()
@@ -479,11 +482,11 @@ def new_output(shape: tuple, dtype: torch.dtype, transposed: bool):
 
 
 def _numpy(x):
-    return x.numpy()
+    return x if type(x) is np.ndarray else x.numpy()
 
 
 def _numpy_bytes(x):
-    return x.numpy().view(np.uint8)
+    return _numpy(x).view(np.uint8)
 
 
 def _converter(kind: str, x: torch.Tensor, dtype: torch.dtype):

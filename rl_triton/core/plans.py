@@ -57,15 +57,15 @@ class _Unkeyable(Exception):
 
 
 def _fingerprint(x):
+    """What the signature key holds of one argument (``cached`` inlines the tensor case; a tensor
+    without strides raises RuntimeError)."""
     t = type(x)
     if t is torch.Tensor:
-        if x.layout != torch.strided:
-            raise _Unkeyable
         return x.dtype, x.shape, x.stride(), x.device, x.requires_grad
     if t is float or t is int or t is bool or t is str or x is None:
         return t, x
     if t is tuple or t is list:
-        return t, tuple(_fingerprint(y) for y in x)
+        return t, tuple([_fingerprint(y) for y in x])
     raise _Unkeyable
 
 
@@ -81,11 +81,13 @@ def cached(fn):
         key = [call, torch.is_grad_enabled(), inputs.env_state()]
         try:
             for x in args:
-                key.append(_fingerprint(x))
+                key.append((x.dtype, x.shape, x.stride(), x.device, x.requires_grad) if type(x) is torch.Tensor
+                           else _fingerprint(x))
             for name, x in kwargs.items():
                 key.append(name)
-                key.append(_fingerprint(x))
-        except _Unkeyable:
+                key.append((x.dtype, x.shape, x.stride(), x.device, x.requires_grad) if type(x) is torch.Tensor
+                           else _fingerprint(x))
+        except (_Unkeyable, RuntimeError):  # RuntimeError: a tensor without strides (sparse, say)
             return fn(*args, **kwargs)
         key = tuple(key)
         values = dict(zip(names, args))
@@ -181,7 +183,7 @@ class Plan:
     def build(cls, values, algo, backend, compute, args, rows, given, checks, numbers):
         sources = _sources(values)
         # per kernel tensor argument: (position, source position, byte offset, shape, strides,
-        # whether it is the source itself)
+        # how it is seen: SAME (the source itself), TRANSPOSED (a 2-D source's transpose) or VIEW)
         slots = []
         for pos, x in enumerate(args):
             if isinstance(x, torch.Tensor):
@@ -189,8 +191,7 @@ class Plan:
                 if where is None:
                     return None
                 k, offset = where
-                slots.append((pos, k, offset, tuple(x.shape), x.stride(),
-                              _same(sources[k][1], offset, x.shape, x.stride())))
+                slots.append((pos, k, offset, tuple(x.shape), x.stride(), _seen(sources[k][1], offset, x)))
         out_dtype = launch.output_dtype(backend, compute, rows.dtype)
         outputs, views = [], []
         for i, out in enumerate(given):
@@ -201,24 +202,25 @@ class Plan:
             if view is None or view.dtype != out_dtype:
                 return None  # written through a buffer: the full path
             offset, shape, strides = view.data_ptr() - out.data_ptr(), tuple(view.shape), view.stride()
-            same = _same(out, offset, shape, strides)
+            seen = _seen(out, offset, view)
             if not fresh:
                 make = None
-            elif backend == "cpu" and (same or (out.ndim == 2 and view.stride() == out.t().stride())) \
-                    and out.is_contiguous():
+            elif backend == "cpu" and seen != VIEW and out.is_contiguous():
                 # numba's outputs are made as numpy arrays, handed to the caller as tensors sharing
                 # their memory (the kernel reads them without a conversion)
-                make = functools.partial(cpu.new_output, tuple(out.shape), out.dtype, not same)
+                make = functools.partial(cpu.new_output, tuple(out.shape), out.dtype, seen == TRANSPOSED)
             else:
                 make = functools.partial(_new_output, functools.partial(
                     torch.empty_strided, tuple(out.shape), out.stride(), dtype=out.dtype, device=out.device),
-                    offset, shape, strides, same)
-            outputs.append((make, i, offset, shape, strides, same))
+                    offset, shape, strides, seen)
+            outputs.append((make, i, offset, shape, strides, seen))
             views.append(view)
         plan = cls()
         plan.sources = [loc for loc, _ in sources]
         plan.spans = [_byte_span(x) for _, x in sources]
-        plan.out_sources = [k for k, ((name, _), _) in enumerate(sources) if name == "out"]
+        # each output given by the caller, with the other tensors of the call it must not meet
+        plan.out_sources = [(j, [k for k in range(len(sources)) if k != j])
+                            for j, ((name, _), _) in enumerate(sources) if name == "out"]
         plan.args = list(args)
         plan.slots = slots
         plan.outputs = outputs
@@ -226,11 +228,15 @@ class Plan:
         plan.numbers = numbers
         plan.launch = launch.prepare(algo, backend, compute, args, views)
         plan.pointers = backend == "triton" and rows.device.type == "cuda"
+        # numba reads numpy arrays: the sources its arguments come from are converted once each
+        # (numpy has no bfloat16; tensors that require grad stay tensors, detached by the backend)
+        plan.arrays = [k for k in sorted({slot[1] for slot in slots}) if sources[k][1].dtype != torch.bfloat16
+                       and not sources[k][1].requires_grad] if backend == "cpu" else None
         plan.single = len(outputs) == 1
         # the launch's tensor positions, each from a caller tensor, an output or a constant
         if plan.pointers:
             n = len(args)
-            by_pos = {pos: (k, offset) for pos, k, offset, _, _, _ in slots}
+            by_pos = {pos: (k, offset) for pos, k, offset, *_ in slots}
             plan.pointer_slots = [
                 ("const", plan.launch.constants[pos].data_ptr()) if pos in plan.launch.constants else
                 ("in", *by_pos[pos]) if pos < n else ("out", pos - n, outputs[pos - n][2])
@@ -246,22 +252,29 @@ class Plan:
         sources = [values[name] if i is None else values[name][i] for name, i in self.sources]
         for check, names in self.checks:
             check(**{name: values[name] for name in names})
+        arrays = self.arrays is not None
         outs, out_views = [], []
-        for make, i, offset, shape, strides, same in self.outputs:
+        for make, i, offset, shape, strides, seen in self.outputs:
             if make is not None:
                 out, view = make()
             else:
                 out = values["out"]
                 out = out if self.single else out[i]
-                view = out if same else _view(out, offset, shape, strides)
+                view = _seen_as(out.numpy() if arrays and seen != VIEW else out, out, offset, shape, strides, seen)
             outs.append(out)
             out_views.append(view)
         if self.out_sources and self._overlap(sources):
             return None
         if not (self.pointers and self._launch_direct(sources, outs)):
             args = self.args.copy()
-            for pos, k, offset, shape, strides, same in self.slots:
-                args[pos] = sources[k] if same else _view(sources[k], offset, shape, strides)
+            seen_as = sources.copy()
+            if arrays:
+                for k in self.arrays:
+                    seen_as[k] = sources[k].numpy()
+            for pos, k, offset, shape, strides, seen in self.slots:
+                a = seen_as[k]
+                args[pos] = a if seen == SAME else a.T if seen == TRANSPOSED else _seen_as(
+                    a, sources[k], offset, shape, strides, seen)
             self.launch.launch(args, out_views)
         return outs[0] if self.single else tuple(outs)
 
@@ -278,24 +291,39 @@ class Plan:
 
     def _overlap(self, sources) -> bool:
         """Whether a caller's output meets another of the call's tensors in memory."""
-        spans = [(x.data_ptr() + lo, x.data_ptr() + hi) for x, (lo, hi) in zip(sources, self.spans)]
-        for j in self.out_sources:
-            lo, hi = spans[j]
-            if any(k != j and a < hi and lo < b for k, (a, b) in enumerate(spans)):
-                return True
+        ptrs = [x.data_ptr() for x in sources]
+        for j, others in self.out_sources:
+            lo, hi = self.spans[j]
+            lo, hi = ptrs[j] + lo, ptrs[j] + hi
+            for k in others:
+                a, b = self.spans[k]
+                if ptrs[k] + a < hi and lo < ptrs[k] + b:
+                    return True
         return False
 
 
-def _new_output(alloc, offset: int, shape, strides, same: bool):
-    out = alloc()
-    return out, out if same else _view(out, offset, shape, strides)
+SAME, TRANSPOSED, VIEW = 0, 1, 2
 
 
-def _view(x: torch.Tensor, offset: int, shape, strides) -> torch.Tensor:
-    """The view of ``x`` starting ``offset`` bytes into it with ``shape`` and ``strides``."""
+def _seen(x: torch.Tensor, offset: int, view: torch.Tensor) -> int:
+    """How ``view`` (``offset`` bytes into ``x``) is made from ``x``."""
+    if offset == 0 and view.shape == x.shape and view.stride() == x.stride():
+        return SAME
+    if offset == 0 and x.ndim == 2 and view.shape == x.t().shape and view.stride() == x.t().stride():
+        return TRANSPOSED
+    return VIEW
+
+
+def _seen_as(a, x: torch.Tensor, offset: int, shape, strides, seen: int):
+    """The view of ``x`` (``offset`` bytes into it, ``shape``, ``strides``), made from ``a``
+    (``x`` or its numpy array) where it is ``x`` or its transpose."""
+    if seen == SAME:
+        return a
+    if seen == TRANSPOSED:
+        return a.T
     return x.as_strided(shape, strides, x.storage_offset() + offset // x.element_size())
 
 
-def _same(x: torch.Tensor, offset: int, shape, strides) -> bool:
-    """Whether that view is ``x`` itself (then ``x`` is passed as it is)."""
-    return offset == 0 and tuple(x.shape) == tuple(shape) and x.stride() == tuple(strides)
+def _new_output(alloc, offset: int, shape, strides, seen: int):
+    out = alloc()
+    return out, _seen_as(out, out, offset, shape, strides, seen)

@@ -40,7 +40,12 @@ _DEFAULTS = {"device": "cpu", "gpu_min_elements": 1 << 16}
 LOOP_MAX_STEPS = 12
 
 
+_CPU = torch.device("cpu")
+
+
 def _target_device(name, n_elements: int, gpu_min_elements: int) -> torch.device:
+    if name == "cpu":
+        return _CPU
     if name == "auto":
         use_gpu = torch.cuda.is_available() and n_elements >= gpu_min_elements
         return torch.device("cuda" if use_gpu else "cpu")
@@ -55,23 +60,21 @@ def compute_returns_and_advantage(self, last_values: torch.Tensor, dones: np.nda
                             settings["gpu_min_elements"])
     if device.type == "cpu" and T <= LOOP_MAX_STEPS:
         return _ORIGINAL(self, last_values, dones)
-    returns = np.empty_like(self.values)
     # SB3 keeps the flags as float32; one byte per flag is what the kernels read fastest (and
     # what a GPU copy moves), so they are compared with 0 once on the way in
     starts, last = self.episode_starts != 0, np.asarray(dones).reshape(N) != 0
-    arrays = [torch.from_numpy(a) for a in (self.rewards, self.values, starts, last)]
-    kw = dict(bootstrap_value=last_values.detach().reshape(N).to(device=device, dtype=arrays[0].dtype),
-              gamma=float(self.gamma), lmbda=float(self.gae_lambda), time_dim=0)
-    if device.type == "cpu":
-        rewards, values, starts, last = arrays
-        gae(rewards, values, episode_starts=starts, last_done=last,
-            out=(torch.from_numpy(self.advantages), torch.from_numpy(returns)), **kw)
-    else:
-        rewards, values, starts, last = (a.to(device, non_blocking=True) for a in arrays)
-        adv, _ = gae(rewards, values, episode_starts=starts, last_done=last, **kw)
-        np.copyto(self.advantages, adv.cpu().numpy())
+    rewards, values, starts, last = (torch.from_numpy(a) for a in (self.rewards, self.values, starts, last))
+    bootstrap = last_values.detach().reshape(N)
+    if device.type != "cpu":
+        rewards, values, starts, last = (a.to(device, non_blocking=True) for a in (rewards, values, starts, last))
+    if bootstrap.device != device or bootstrap.dtype != rewards.dtype:
+        bootstrap = bootstrap.to(device=device, dtype=rewards.dtype)
+    adv, _ = gae(rewards, values, episode_starts=starts, last_done=last, bootstrap_value=bootstrap,
+                 gamma=float(self.gamma), lmbda=float(self.gae_lambda), time_dim=0)
+    # fresh outputs cost less than out= (no overlap check); SB3's buffer keeps its array
+    np.copyto(self.advantages, adv.numpy() if device.type == "cpu" else adv.cpu().numpy())
     # SB3's own expression, so that returns == advantages + values holds to the bit
-    self.returns = np.add(self.advantages, self.values, out=returns)
+    self.returns = self.advantages + self.values
 
 
 def _check_device(device, name: str) -> str:
