@@ -2,7 +2,8 @@
 
 Every algorithm, several dtypes, batch-major and time-major layouts, outputs poisoned with
 NaN before each call (so every element must be written); then torch.compile(fullgraph=True)
-and CUDA-graph capture of gae, the reverse/forward scan direction at many lengths, and (full run
+and CUDA-graph capture of gae, the reverse/forward scan direction at many lengths, repeated calls
+of one signature (the call plans and their generated launches), and (full run
 on a GPU of 48 GB or more) GAE on a tensor of 2.16e9 elements, the int64 index path.
 The oracle runs on the host in a process pool while the GPU works.
 
@@ -168,6 +169,18 @@ def check_launch_cache(device):
     return worst
 
 
+def check_repeated_calls(device):
+    """Every case called three times with new values of one signature: the first call leaves a
+    plan (rl_triton/core/plans.py), the second runs it, the third its generated launch."""
+    worst = 0.0
+    for algo in ALGOS:
+        for seed in range(3):
+            p = problem((algo, 64, 300, "batch-major", torch.float32), 1000 + seed, device)
+            for got, want in zip(p.call("triton"), p.expected()):
+                worst = max(worst, rel_err(got.double().cpu().numpy(), want))
+    return worst
+
+
 def check_direction(device, lengths):
     import rl_triton as rt
 
@@ -246,6 +259,10 @@ def main():
     print(f"{'ok  ' if direction <= 1e-5 else 'FAIL'} scan direction (reverse and forward, T in {lengths}): "
           f"rel err {direction:.1e}")
     failures += direction > 1e-5
+    repeated = check_repeated_calls(device)
+    print(f"{'ok  ' if repeated <= 1e-5 else 'FAIL'} repeated calls of one signature (plans, generated launches): "
+          f"rel err {repeated:.1e}")
+    failures += repeated > 1e-5
     cache = check_launch_cache(device)
     print(f"{'ok  ' if cache <= 1e-5 else 'FAIL'} repeated launches across alignments and strides: rel err {cache:.1e}")
     failures += cache > 1e-5

@@ -1,10 +1,14 @@
 """Time the estimators: on a GPU every algorithm on the shape grid against its peers and the
 floors; on a CPU-only machine GAE on the CPU backends against SB3's and TorchRL's loops.
 
-    python benchmarks/run.py [--algos gae,vtrace] [--shapes 4096x128,1x131072] [--md FILE] [--img DIR]
+    python benchmarks/run.py [--algos gae,vtrace] [--shapes 4096x128,1x131072] [--peers-dir DIR] [--md FILE]
     python benchmarks/run.py --cpu [--shapes 2048x8,128x8] [--rounds 9] [--md FILE]
 
-GPU: full call = CUDA events around one call with a synchronize before and after (what a
+GPU, first the host path: every public function at 4096x128 beside an empty Triton launch,
+the full call (as below) and the launch throughput (calls issued back to back, one synchronize
+at the end, per call), the implementations taking turns, ratios taken within a round.
+
+GPU, then the grid: full call = CUDA events around one call with a synchronize before and after (what a
 training loop sees), median of many; device time = median CUDA-graph replay of 20 calls, per
 call ("-" where an implementation cannot be captured, e.g. it synchronises, or is too slow to
 capture). Floors, measured in the same process: device-to-device copy bandwidth (torch's copy
@@ -19,7 +23,8 @@ algorithms at the four shapes where they come closest to GAE (``--compiled-peers
 ``--compiled-others-at``; ``--compiled-peers all`` for every cell). With --img, PNG plots (GAE
 time vs T, fraction of the floor) go there.
 
-CPU (--cpu, the default without CUDA; --shapes are then T x N): GAE on time-major (T, N)
+CPU (--cpu, the default without CUDA; --shapes are then T x N): first the host path, ``gae``
+at 8x16 against ``torch.add`` of the same tensors; then GAE on time-major (T, N)
 rollouts, SB3's layout, gamma 0.99, lambda 0.95, 2% dones. Implementations: rl_triton's numba
 and torch backends, SB3's own ``RolloutBuffer.compute_returns_and_advantage`` (and the same
 method patched by rl_triton.integrations.sb3) and TorchRL's ``generalized_advantage_estimate``
@@ -44,7 +49,7 @@ _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_here, os.path.join(_here, "..")]
 import rl_triton as rt  # noqa: E402
 from common import alternate, machine, parser, ratios, spread  # noqa: E402
-from peers import Problem, max_error, testing  # noqa: E402
+from peers import Problem, load_external_peers, max_error, testing  # noqa: E402
 
 GRID = ["4096x128", "64x512", "1024x1024", "16384x512", "128x4096", "32768x8", "4096x32", "16384x16",
         "64x8192", "8x32768", "1x131072", "16384x4096", "4096x4096"]
@@ -81,17 +86,7 @@ def full_call_us(fn, n=200, budget_s=0.5):
     start = time.perf_counter()
     fn()
     torch.cuda.synchronize()
-    n = max(5, min(n, int(budget_s / max(time.perf_counter() - start, 1e-6))))
-    times = []
-    for _ in range(n):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return _full_call_round(fn, max(5, min(n, int(budget_s / max(time.perf_counter() - start, 1e-6)))))
 
 
 def device_us(fn, calls=20, reps=9):
@@ -167,6 +162,8 @@ def cpu_peers(T, N, r, v, ep_start, last_v, last_done, gamma, lam):
 
 def cpu_main(shapes: str, rounds: int, md):
     gamma, lam = 0.99, 0.95
+    host = cpu_host_path(rounds)
+    print("\n".join(host) + "\n", flush=True)
     lines = [f"CPU: {machine()}; torch {torch.__version__}; GAE, time-major (T, N); {rounds} rounds, "
              "implementations alternating; median over the rounds (lowest-highest round)", "",
              "| T x N | implementation | time us | speed-up of rl_triton (cpu) | max error vs oracle |",
@@ -201,7 +198,28 @@ def cpu_main(shapes: str, rounds: int, md):
             print(line, flush=True)
     if md:
         with open(md, "w") as f:
-            f.write("\n".join(lines) + "\n")
+            f.write("\n".join(host + [""] + lines) + "\n")
+
+
+def cpu_host_path(rounds: int) -> list:
+    """The CPU host path: ``gae`` at 8x16 in its common call forms against ``torch.add`` of the
+    same tensors, alternating (target: at most 9x)."""
+    g = torch.Generator().manual_seed(0)
+    r, v = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
+    done = torch.rand(8, 16, generator=g) < 0.05
+    boot = torch.randn(8, generator=g)
+    impls = {"torch.add(rewards, values)": lambda: torch.add(r, v),
+             "gae(rewards, values)": lambda: rt.gae(r, v),
+             "gae(rewards, values, done=)": lambda: rt.gae(r, v, done=done),
+             "gae(rewards, values, done=, bootstrap_value=)": lambda: rt.gae(r, v, done=done, bootstrap_value=boot)}
+    times = alternate(impls, rounds=rounds)
+    base = times["torch.add(rewards, values)"]
+    lines = [f"CPU host path, 8x16 float32, {rounds} rounds alternating: time per call and its ratio to "
+             "torch.add of the same tensors (target: gae <= 9x)", "", "| call | us | / torch.add |", "|---|---|---|"]
+    for name, t in times.items():
+        lines.append(f"| {name} | {spread([1e6 * x for x in t], '{:.2f}')} | "
+                     f"{spread(ratios(t, base), '{:.1f}', 'x')} |")
+    return lines
 
 
 def main():
@@ -214,6 +232,13 @@ def main():
     p.add_argument("--md", help="also write the table to this markdown file")
     p.add_argument("--img", help="GPU: folder for the PNG plots")
     p.add_argument("--no-peers", action="store_true", help="GPU: time rl_triton only")
+    p.add_argument("--no-host-path", action="store_true",
+                   help=f"GPU: leave out the host-path table (every public function at {HOST_SHAPE} against an empty "
+                        "Triton launch)")
+    p.add_argument("--peers-dir", metavar="DIR",
+                   help="GPU: a folder holding rl_triton_seed/ and pufferlib_ext/, the MIT-licensed seed library "
+                        "and PufferLib's advantage kernel, timed as peers (the GPU machine gets them as a copied, "
+                        "carried folder); without it they are left out")
     p.add_argument("--replot", metavar="MD", help="redraw the --img plots from a table written by --md")
     p.add_argument("--dtypes", default="float32,bfloat16",
                    help="GPU: input dtypes; peers are timed in float32 only (bfloat16 rows: rl_triton alone)")
@@ -231,6 +256,62 @@ def main():
     gpu_main(args)
 
 
+HOST_SHAPE = "4096x128"
+PUBLIC = ALGOS + ["affine_scan"]
+
+
+def _host_problem(algo: str, R: int, T: int):
+    """rl_triton's call of ``algo`` on an R x T problem of the catalog (the benchmark's problems)."""
+    if algo == "affine_scan":
+        return testing.make("affine_scan", (R, T), "reverse", device="cuda", seed=1).call
+    return Problem(algo, R, T).call
+
+
+def _throughput_round(fn, n=200) -> float:
+    """Per call of ``n`` calls issued back to back, one synchronize at the end."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def host_path(rounds: int = 15) -> list:
+    """Every public function at HOST_SHAPE beside an empty Triton launch, on the host's terms:
+    full call and launch throughput, the implementations taking turns in every round; ratios to
+    the empty launch are taken within a round (median, lowest-highest)."""
+    R, T = map(int, HOST_SHAPE.split("x"))
+    x = torch.empty(1, device="cuda")
+    impls = {"empty Triton kernel": lambda: _empty_kernel[(1,)](x)}
+    impls.update({algo: _host_problem(algo, R, T) for algo in PUBLIC})
+    for fn in impls.values():  # compile, leave each call's plan
+        for _ in range(3):
+            fn()
+    full = {name: [] for name in impls}
+    thru = {name: [] for name in impls}
+    names = list(impls)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            full[name].append(_full_call_round(impls[name]))
+            thru[name].append(_throughput_round(impls[name]))
+    lines = [f"Host path at {HOST_SHAPE} (float32, done flags): {rounds} rounds, implementations taking turns; "
+             "median (lowest-highest round); ratios to the empty Triton kernel within each round. Targets: full "
+             "call <= 1.3x, throughput <= 1.2x the empty kernel's", "",
+             "| function | full call us | full / empty | throughput us per call | throughput / empty |",
+             "|---|---|---|---|---|"]
+    for name in names:
+        cells = [spread(full[name]), spread(thru[name])]
+        if name != names[0]:
+            cells.insert(1, spread(ratios(full[name], full[names[0]]), "{:.2f}", "x"))
+            cells.insert(3, spread(ratios(thru[name], thru[names[0]]), "{:.2f}", "x"))
+        else:
+            cells[1:1] = ["1x"]
+            cells.append("1x")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _device_or_none(fn, full_us):
     """Device time, or None when the implementation is slow (launch-bound) or cannot be captured."""
     if full_us > 5000:
@@ -245,6 +326,11 @@ def _device_or_none(fn, full_us):
 def gpu_main(args):
     if triton is None:
         raise SystemExit("the GPU benchmark needs triton: pip install -e '.[gpu]'")
+    external = None if args.no_peers else load_external_peers(args.peers_dir,
+                                                              pufferlib="gae" in args.algos.split(","))
+    if not args.no_host_path:
+        host = host_path()
+        print("\n".join(host) + "\n", flush=True)
     bw = copy_bandwidth_tbs()
     x = torch.empty(1, device="cuda")
     empty_full = full_call_us(lambda: _empty_kernel[(1,)](x))
@@ -269,7 +355,7 @@ def gpu_main(args):
         with_peers = not args.no_peers and dtype == torch.float32
         compiled = args.compiled_peers == "all" or algo in args.compiled_peers.split(",") \
             or shape in args.compiled_others_at.split(",")
-        peers = problem.peers(compiled=compiled) if with_peers else {}
+        peers = problem.peers(compiled=compiled, external=external) if with_peers else {}
         impls = {"rl_triton": problem.call, **peers}
         ours = None
         cell = f"| {algo} | {dtype_name} | {shape} |"
@@ -299,6 +385,8 @@ def gpu_main(args):
         bar()
     tail = summary(results, empty_full)
     lines += tail
+    if not args.no_host_path:
+        lines[:0] = host + [""]
     print("\n".join(tail), flush=True)
     if args.md:
         with open(args.md, "w") as f:

@@ -32,10 +32,17 @@ def _check(problem, got, tol=1e-5):
 
 @pytest.fixture
 def executions(monkeypatch):
-    """How many calls ran through a plan (the first call of a signature included)."""
+    """How calls ran through a plan: "execute" (the first call of a signature included) or "hit"
+    (the generated function)."""
     runs = []
-    real = plans.Plan.execute
-    monkeypatch.setattr(plans.Plan, "execute", lambda self, values: runs.append(self) or real(self, values))
+    execute, generate = plans.Plan.execute, plans.Plan._generate
+
+    def counted_generate(self):
+        hit = generate(self)
+        return None if hit is None else (lambda args, kwargs: runs.append("hit") or hit(args, kwargs))
+
+    monkeypatch.setattr(plans.Plan, "execute", lambda self, values: runs.append("execute") or execute(self, values))
+    monkeypatch.setattr(plans.Plan, "_generate", counted_generate)
     return runs
 
 
@@ -48,7 +55,9 @@ def test_repeated_calls_run_the_plan(fn, variant, backend, executions):
     for seed in range(3):
         p = make(fn, shape, variant, seed=seed)
         _check(p, p.call(backend))
-    assert len(_plans()) == 1 and len(executions) == 3
+    # numba: the generated function from the second call on; the interpreter runs execute
+    assert len(_plans()) == 1
+    assert executions == (["execute", "hit", "hit"] if backend == "cpu" else ["execute"] * 3)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -60,7 +69,7 @@ def test_repeated_calls_with_out(fn, backend, executions):
         got = p.call(backend, out=outs if p.n_out == 2 else outs[0])
         assert all(g is o for g, o in zip(got, outs))
         _check(p, got)
-    assert len(executions) == 3
+    assert executions == (["execute", "hit", "hit"] if backend == "cpu" else ["execute"] * 3)
 
 
 @pytest.mark.parametrize("layout", ["time-major", "transposed", "strided"])
@@ -78,7 +87,7 @@ def test_layouts(layout, executions):
                 args = tuple(torch.cat([x, x], 1)[:, 1::2] for x in p.args)
             p = type(p)(p.fn, args, p.kwargs)
         _check(p, p.call("cpu"))
-    assert len(_plans()) == 1 and len(executions) == 3
+    assert len(_plans()) == 1 and executions == ["execute", "hit", "hit"]
 
 
 def test_a_new_signature_gets_a_new_plan():
@@ -202,12 +211,14 @@ def test_calls_that_cannot_be_keyed_take_the_full_path(executions):
     assert not executions and not plans._plans
 
 
-def test_direct_launch_passes_what_dispatch_passes(monkeypatch):
-    """The GPU launch from data pointers (Launch.launch_direct) gives the compiled kernel the
-    arguments Triton's dispatch got, each tensor replaced by its data pointer. Checked without a
-    GPU: a stand-in compiled kernel records both."""
+@pytest.fixture
+def fake_triton(monkeypatch):
+    """Compiled Triton kernels without a GPU: dispatch records its arguments and returns a
+    stand-in compiled kernel whose launches record theirs; CPU tensors pass for CUDA ones.
+    Yields the two records (dispatch: arguments, workspace, runtime sizes, constexprs, index
+    type; launches: the arguments after the launcher's nine leading ones)."""
     pytest.importorskip("triton")
-    from rl_triton.core import kernels, spec
+    from rl_triton.core import kernels, launch
 
     dispatched, launched = [], []
 
@@ -225,6 +236,18 @@ def test_direct_launch_passes_what_dispatch_passes(monkeypatch):
     monkeypatch.setattr(kernels, "INTERPRET", False)
     monkeypatch.setattr(kernels, "_compiled", {})
     monkeypatch.setattr(kernels, "_stream_getter", lambda: lambda index: 0)
+    monkeypatch.setattr(launch, "triton_usable", lambda device: True)
+    monkeypatch.setattr(launch, "_resolved", {})
+    yield dispatched, launched
+
+
+def test_direct_launch_passes_what_dispatch_passes(fake_triton):
+    """The GPU launch from data pointers (Launch.launch_direct) gives the compiled kernel the
+    arguments Triton's dispatch got, each tensor replaced by its data pointer. Checked without a
+    GPU: a stand-in compiled kernel records both."""
+    from rl_triton.core import kernels, spec
+
+    dispatched, launched = fake_triton
     r, v, term, trunc, nv = torch.randn(5, 3, 40).unbind(1)[0], torch.randn(5, 40), torch.rand(5, 40) < 0.1, \
         torch.rand(5, 40) < 0.1, torch.randn(40, 5).t()
     args = spec.GAE.bind(rewards=r, values=v, next_values=nv, terminated=term, truncated=trunc, gamma=0.9, lmbda=0.8)
@@ -243,3 +266,40 @@ def test_direct_launch_passes_what_dispatch_passes(monkeypatch):
 
     (ins, outs_), ws, runtime, constexprs, idx = dispatched[0]
     assert launched[0] == (as_pointers(ins), as_pointers(outs_), ws.data_ptr(), *runtime, *constexprs, idx)
+
+
+@pytest.mark.parametrize("shape", [(5, 40), (2, 20000)])  # one pass; a time split (two phases, a workspace)
+def test_generated_hit_passes_what_dispatch_passes(shape, fake_triton):
+    """A plan's generated hit path (Plan._generate) launches the compiled kernel with the
+    arguments Triton's dispatch got, each tensor replaced by its data pointer; a misaligned
+    pointer sends the call back to dispatch. Checked without a GPU: stand-in compiled kernels."""
+    dispatched, launched = fake_triton
+    R, T = shape
+    r, v, bv = torch.randn(R, T), torch.randn(T, R).t(), torch.randn(R)
+    d = torch.rand(R, T) < 0.1
+
+    def call(rewards=r):
+        return rl_triton.gae(rewards, v, done=d, bootstrap_value=bv, gamma=0.9, backend="triton")
+
+    def as_pointers(x):
+        if isinstance(x, tuple):
+            return tuple(as_pointers(y) for y in x)
+        return x.data_ptr() if isinstance(x, torch.Tensor) else x
+
+    call()  # the full path: Triton's dispatch
+    phases = len(dispatched)
+    (ins, outs_), _, runtime, _, idx = dispatched[0]
+    plan = _plans()[0]
+    for path in ("direct", "generated"):
+        assert (plan.hit is not None) == (path == "generated")
+        adv, tgt = call()
+        assert len(launched) == phases * (1 if path == "direct" else 2)
+        for got, (_, _, _, constexprs, _) in zip(launched[-phases:], dispatched):
+            assert got[0] == as_pointers(ins)
+            assert got[1] == tuple((o.data_ptr(), *t[1:]) for o, t in zip((adv, tgt), outs_))
+            assert got[2] == r.data_ptr() if phases == 1 else got[2] != r.data_ptr()  # a workspace of its own
+            assert got[3:] == (*runtime, *constexprs, idx)
+    assert len(dispatched) == phases
+    offset = torch.randn(R * T + 1)[1:].view(R, T)  # 4 bytes past an aligned address
+    call(offset)
+    assert len(dispatched) == 2 * phases  # dispatched again, for the misaligned specialisation

@@ -473,6 +473,31 @@ class Launch:
         else:
             self.kernel(*converted)
 
+    def source(self, args: dict, outs, namespace: dict):
+        """Python source lines launching the kernel: ``args`` maps each tensor argument's
+        position to (an expression for its view, whether that is a numpy array), ``outs`` the
+        outputs likewise; the objects the lines name go into ``namespace``."""
+        lines, items = [], []
+        for j, value in enumerate(self.fixed):
+            namespace[f"_f{j}"] = value
+            items.append(f"_f{j}")
+        namespace.update(_uint8=np.uint8, _kernel=self.kernel, _lock=_PARALLEL)
+        for j, pos, convert in self.tensors:
+            expr, is_array = args[pos]
+            if is_array and convert is _numpy:
+                lines.append(f"x{j} = {expr}")
+            elif is_array and convert is _numpy_bytes:
+                lines.append(f"x{j} = {expr}.view(_uint8)")
+            else:
+                namespace[f"_convert{j}"] = convert
+                lines.append(f"x{j} = _convert{j}({expr})")
+            items[j] = f"x{j}"
+        for j, first in self.repeats:
+            items[j] = f"x{first}"
+        items += [expr if is_array else f"{expr}.numpy()" for expr, is_array in outs]
+        call = f"_kernel({', '.join(items)})"
+        return lines + (["with _lock:", f"    {call}"] if self.parallel else [call])
+
 
 def new_output(shape: tuple, dtype: torch.dtype, transposed: bool):
     """A fresh C-ordered output as a tensor and, for the kernels, the numpy array (transposed for
@@ -497,7 +522,6 @@ def _converter(kind: str, x: torch.Tensor, dtype: torch.dtype):
         if (kind[0] == "u" and x.dtype == torch.uint8) or (kind[0] == "f" and x.dtype == dtype):
             return _numpy
     return functools.partial(_adapt, kind, rows=0, steps=0, dtype=dtype)
-
 
 def run(algo: spec.Algorithm, dtype: torch.dtype, args, outs) -> None:
     """Run ``algo``'s kernel: ``args`` is ``algo.Args``, ``outs`` the ``[R, T]`` output views;

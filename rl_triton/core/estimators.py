@@ -3,12 +3,8 @@ composed path (coefficients as torch ops, the differentiable scan, an epilogue).
 
 The composed path serves ``backend="torch"`` and every call where autograd needs gradients;
 the fused paths (numba on CPU, Triton on GPU) read the raw inputs once and write the outputs.
-Semantics: docs/semantics.md.
-
-Flags come transition-aligned (``terminated``/``truncated``, or ``done`` with optional
-``terminated``), or observation-aligned as SB3 and CleanRL keep them: ``episode_starts[t]``
-marks obs t as an episode's first, with ``last_done`` for the step after the window; then
-done[t] = episode_starts[t+1], done[T-1] = last_done, read in place, all terminations.
+Argument handling (validation, layouts, backend choice, the launch) is
+rl_triton/core/call.py's; semantics: docs/semantics.md.
 """
 
 from __future__ import annotations
@@ -16,244 +12,8 @@ from __future__ import annotations
 import torch
 
 from . import coefficients as C
-from . import cpu, inputs, launch, plans, scan, spec
-
-_TRUNCATION_HELP = (
-    "truncated steps bootstrap from the value of the final observation, which values[t+1] does "
-    "not hold: pass next_values (V(s_{t+1}) of the true successor at every step), or fold the "
-    "truncation bootstrap into the rewards and pass only terminated/done"
-)
-
-
-def _binary(**flags):
-    for name, f in flags.items():
-        if f.dtype != torch.bool and not cpu.all_binary(f):
-            raise ValueError(f"{name} must hold only 0 and 1")
-
-
-def _terminations_are_dones(terminated, done):
-    if not cpu.implies(terminated, done):
-        raise ValueError("terminated is set at a step where done is not; done must include terminations")
-
-
-def _in_unit_interval(**coefficient):
-    (name, x), = coefficient.items()
-    inputs.check_unit_interval(x, name)
-
-
-class _Call:
-    """One estimator call: validated inputs in ``[R, T]`` form and the chosen backend."""
-
-    def __init__(self, ref, ref_name: str, time_dim):
-        inputs.check_tensor(ref, ref_name)
-        self.rows = inputs.Rows(ref, ref_name, time_dim, ref.dtype)
-        self.cd = inputs.compute_dtype(ref.dtype)
-        self.grad_inputs = [ref]
-        self.term = self.done = self.trunc = self.last_done = None
-        self.checks = []  # (check, argument names): checks that read data, rerun by the call's plan
-        self.numbers = []  # (name, value): one-element tensors read as numbers, which a plan must find again
-        self.plannable = True  # False: the call's signature does not fix what the kernels receive
-
-    # -- validation ----------------------------------------------------------------------
-    def value(self, x, name, *, optional=False, shape=None):
-        if x is None and optional:
-            return None
-        self.rows.value(x, name, shape=shape)
-        self.grad_inputs.append(x)
-        return x
-
-    def per_row(self, x, name):
-        return self.value(x, name, optional=True, shape=self.rows.row_shape)
-
-    def coefficient(self, x, name):
-        given = x
-        x = self.rows.coefficient(x, name)
-        if isinstance(x, torch.Tensor):
-            if x.numel() == 1 and x.device.type == "cpu" and not x.requires_grad \
-                    and not torch.compiler.is_compiling():
-                # the number it holds, read without a sync: backends then take their constant path
-                # (the call's plan reads it again on every call)
-                value = float(x)
-                if x is given:
-                    self.numbers.append((name, value))
-                else:
-                    self.plannable = False
-                return value
-            if inputs.value_checks_on(x.device) and x is given:
-                self.checks.append((_in_unit_interval, (name,)))
-            self.grad_inputs.append(x)
-        return x
-
-    def flags(self, terminated, truncated, done, *, episode_starts=None, last_done=None, align=False):
-        """Canonical flags: term_eff = terminated or done; done_eff = done or term | trunc; or the
-        observation-aligned pair (episode_starts, last_done), read shifted by one step in place."""
-        if episode_starts is not None or last_done is not None:
-            return self._observation_aligned(terminated, truncated, done, episode_starts, last_done)
-        if align:
-            if isinstance(done, torch.Tensor) and done.ndim <= self.rows.tdim:
-                raise ValueError(f"done must cover {self.rows.ref_name}'s dims up to the time dim "
-                                 f"({self.rows.tdim + 1} or more dims), got shape {tuple(done.shape)}")
-            terminated, truncated, done = (
-                inputs.align_leading(f, self.rows.ref.ndim, self.rows.tdim) for f in (terminated, truncated, done)
-            )
-        terminated = self.rows.flag(terminated, "terminated")
-        truncated = self.rows.flag(truncated, "truncated")
-        done = self.rows.flag(done, "done")
-        if truncated is not None and done is not None:
-            raise ValueError(
-                "pass either truncated (gymnasium style, with terminated) or done (TorchRL style, "
-                "with optional terminated), not truncated together with done"
-            )
-        if self._check_binary(terminated=terminated, truncated=truncated, done=done):
-            if terminated is not None and done is not None:
-                self._data_check(_terminations_are_dones, terminated=terminated, done=done)
-        self.maybe_truncated = truncated is not None or (done is not None and terminated is not None)
-        if done is not None:
-            self.done = done
-            self.term = terminated if terminated is not None else done
-        else:
-            self.term, self.trunc = terminated, truncated
-
-    def _check_binary(self, **flags) -> bool:
-        """Data check that flags hold only 0 and 1; returns whether value checks are on."""
-        if not inputs.value_checks_on(self.rows.device):
-            return False
-        flags = {name: f for name, f in flags.items() if f is not None and f.dtype != torch.bool}
-        if flags:
-            self._data_check(_binary, **flags)
-        return True
-
-    def _data_check(self, check, **tensors):
-        """Run a check that reads the tensors' values, and keep it for the call's plan."""
-        check(**tensors)
-        self.checks.append((check, tuple(tensors)))
-
-    def _observation_aligned(self, terminated, truncated, done, episode_starts, last_done):
-        if episode_starts is None or last_done is None:
-            raise ValueError("episode_starts and last_done go together (done[t] = episode_starts[t+1], "
-                             "done[T-1] = last_done)")
-        if terminated is not None or truncated is not None or done is not None:
-            raise ValueError("pass either episode_starts with last_done (observation-aligned) or "
-                             "terminated/truncated/done (transition-aligned), not both")
-        self.done = self.rows.flag(episode_starts, "episode_starts")
-        self.last_done = self.rows.flag(last_done, "last_done", shape=self.rows.row_shape)
-        self._check_binary(episode_starts=self.done, last_done=self.last_done)
-        self.maybe_truncated = False
-
-    def next_value_form(self, next_values, bootstrap_value):
-        """Explicit next values, or the implied form values[t+1] with an optional bootstrap value."""
-        if next_values is not None:
-            if bootstrap_value is not None:
-                raise ValueError(
-                    "pass either next_values (explicit V(s_{t+1})) or bootstrap_value (V(s_T) for the "
-                    "implied form), not both"
-                )
-            self.value(next_values, "next_values")
-            return
-        self.per_row(bootstrap_value, "bootstrap_value")
-        if self.maybe_truncated:
-            raise ValueError(f"next_values is required when steps can be truncated: {_TRUNCATION_HELP}")
-
-    # -- execution -----------------------------------------------------------------------
-    def start(self, backend, out, n_out: int) -> bool:
-        """Check ``out``, choose the backend; True when the fused path runs (no autograd needed)."""
-        if out is None:
-            self.out = [None] * n_out
-        elif n_out == 1:
-            self.out = [self.rows.check_out(out, "out")]
-        else:
-            if not isinstance(out, (tuple, list)) or len(out) != n_out:
-                raise TypeError(f"out must be a tuple of {n_out} tensors")
-            self.out = [self.rows.check_out(o, f"out[{i}]") for i, o in enumerate(out)]
-            if inputs.shares_memory(self.out[0], self.out[1]):
-                raise ValueError("out[0] and out[1] share memory; pass two separate tensors")
-        self.backend = launch.resolve_backend(backend, self.rows.device)
-        self.needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in self.grad_inputs)
-        if self.needs_grad and out is not None:
-            raise ValueError("out= does not support autograd; call without out= to get gradients")
-        self.empty = self.rows.R == 0 or self.rows.T == 0
-        self.aliased = [False] * n_out if out is None else self._aliased()
-        return self.backend != "torch" and not self.needs_grad
-
-    def _aliased(self) -> list:
-        """Which outputs overlap an input: those are computed into fresh memory and copied."""
-        tensors = [t for t in (*self.grad_inputs, self.term, self.done, self.trunc, self.last_done)
-                   if isinstance(t, torch.Tensor)]
-        return [any(inputs.shares_memory(o, t) for t in tensors) for o in self.out]
-
-    def results(self, ys):
-        """Outputs in the caller's layout from ``[R, T]`` results (None: nothing computed, T = 0)."""
-        outs = tuple(
-            self.rows.output(o)[0] if y is None else self.rows.deliver(y, o) for y, o in zip(ys, self.out)
-        )
-        return outs if len(outs) > 1 else outs[0]
-
-    def empty_outputs(self):
-        """The outputs of an empty call; where gradients are needed, still part of the graph."""
-        outs = self.results([None] * len(self.out))
-        if not self.needs_grad:
-            return outs
-        link = sum(t.reshape(-1)[:0].sum() for t in self.grad_inputs if t.requires_grad)
-        outs = tuple(o + link for o in (outs if isinstance(outs, tuple) else (outs,)))
-        return outs if len(outs) > 1 else outs[0]
-
-    def run_fused(self, algo: spec.Algorithm, **args):
-        """Run ``algo``'s fused kernel on ``[R, T]`` views of the named arguments; where the call
-        is recorded (rl_triton/core/plans.py), through the plan it leaves."""
-        args = algo.bind(**args)
-        recorder = plans.recorder()
-        if recorder is not None and self.plannable and not any(self.aliased) \
-                and not torch.compiler.is_compiling():
-            plan = recorder.build(algo, self.backend, self.cd, args, self.rows, self.out, self.checks, self.numbers)
-            if plan is not None:
-                return plan.execute(recorder.values)
-        elif recorder is not None and any(self.aliased):
-            recorder.final = False  # aliasing belongs to this call, not to the signature
-        given = [None if a else o for o, a in zip(self.out, self.aliased)]
-        results = launch.run(algo, self.backend, self.cd, args, self.rows, given)
-        results = tuple(o.copy_(r) if a else r for r, o, a in zip(results, self.out, self.aliased))
-        return results if len(results) > 1 else results[0]
-
-    # -- the [R, T] views the kernels and the composed path read ---------------------------
-    def r(self, x):
-        """Raw ``[R, T]`` view (fused kernels convert on load); None and numbers pass through."""
-        return self.rows.rows(x) if isinstance(x, torch.Tensor) else x
-
-    def r_row(self, x):
-        return None if x is None else self.rows.per_row(x)
-
-    def f(self, x):
-        """``[R, T]`` in the compute dtype for the composed path; numbers pass through."""
-        return self.rows.rows(x).to(self.cd) if isinstance(x, torch.Tensor) else x
-
-    def f_row(self, x):
-        if x is None:
-            return torch.zeros(self.rows.R, dtype=self.cd, device=self.rows.device)
-        return self.rows.per_row(x).to(self.cd)
-
-    def fused_flags(self) -> dict:
-        """The kernels' flag group (spec.FLAGS): terminated, done, truncated ([R, T]) and last_done ([R])."""
-        return dict(terminated=self.r(self.term), done=self.r(self.done), truncated=self.r(self.trunc),
-                    last_done=self.r_row(self.last_done))
-
-    def composed_flags(self):
-        """(1 - terminated, 1 - done) as float ``[R, T]`` tensors."""
-        if self.last_done is not None:
-            done = torch.cat([self.r(self.done)[:, 1:] != 0, self.r_row(self.last_done)[:, None] != 0], 1)
-            nd = 1.0 - done.to(self.cd)
-            return nd, nd
-        zeros = torch.zeros((), dtype=torch.bool, device=self.rows.device).expand(self.rows.R, self.rows.T)
-        term = self.r(self.term) != 0 if self.term is not None else zeros
-        if self.done is not None:
-            done = self.r(self.done) != 0
-        else:
-            done = term | (self.r(self.trunc) != 0) if self.trunc is not None else term
-        return 1.0 - term.to(self.cd), 1.0 - done.to(self.cd)
-
-    def composed_next_values(self, values, next_values, bootstrap_value):
-        if next_values is not None:
-            return self.f(next_values)
-        return torch.cat([self.f(values)[:, 1:], self.f_row(bootstrap_value)[:, None]], 1)
+from . import inputs, plans, scan, spec
+from .call import TRUNCATION_HELP, Call
 
 
 @plans.cached
@@ -267,7 +27,7 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
 
     Returns ``(advantages, value_targets = advantages + values)``.
     """
-    c = _Call(rewards, "rewards", time_dim)
+    c = Call(rewards, "rewards", time_dim)
     c.value(values, "values")
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     c.next_value_form(next_values, bootstrap_value)
@@ -294,7 +54,7 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     G[t] = r[t] + gamma*(1-terminated[t])*((1-lmbda)*V(s_{t+1}) + lmbda*G'[t+1]),
     G'[t+1] = V(s_{t+1}) where done[t] or t = T-1, else G[t+1].  lmbda=1: TD(1), lmbda=0: TD(0).
     """
-    c = _Call(rewards, "rewards", time_dim)
+    c = Call(rewards, "rewards", time_dim)
     c.value(next_values, "next_values")
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
@@ -320,14 +80,14 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     R[t] = r[t] + gamma*(1-terminated[t])*(R[t+1] if not done[t] else V(s_{t+1})),
     R[T] = bootstrap_value if given, else next_values[T-1] if given, else 0 (Monte Carlo).
     """
-    c = _Call(rewards, "rewards", time_dim)
+    c = Call(rewards, "rewards", time_dim)
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     if next_values is not None and bootstrap_value is not None:
         raise ValueError("pass either next_values or bootstrap_value, not both")
     c.value(next_values, "next_values", optional=True)
     c.per_row(bootstrap_value, "bootstrap_value")
     if c.maybe_truncated and next_values is None:
-        raise ValueError(f"next_values is required when steps can be truncated: {_TRUNCATION_HELP}")
+        raise ValueError(f"next_values is required when steps can be truncated: {TRUNCATION_HELP}")
     g = c.coefficient(gamma, "gamma")
     fused = c.start(backend, out, 1)
     if c.empty:
@@ -356,7 +116,7 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     pg[t] = min(rho_bar_pg, ratio[t])*(r[t] + gamma*(1-term[t])*vs_next[t] - v[t]),
     vs_next[t] = vs[t+1], or V(s_{t+1}) where done[t] or t = T-1.  Returns ``(vs, pg_advantages)``.
     """
-    c = _Call(rewards, "rewards", time_dim)
+    c = Call(rewards, "rewards", time_dim)
     c.value(values, "values")
     c.value(log_pi, "log_pi")
     c.value(log_mu, "log_mu")
@@ -396,7 +156,7 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
     ev[t] = E_{a~pi} Q(s_{t+1}, a): ``next_expected_q``, or sum_a next_pi[..., a]*next_q[..., a];
     Q_ret[t] = r[t] + gamma*(1-term[t])*(ev[t] + (1-done[t])*c[t+1]*(Q_ret[t+1] - q[t+1])).
     """
-    c = _Call(rewards, "rewards", time_dim)
+    c = Call(rewards, "rewards", time_dim)
     c.value(q_values, "q_values")
     c.value(log_pi, "log_pi")
     c.value(log_mu, "log_mu")
@@ -441,7 +201,7 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
 
 def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
     """e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1], e[-1] = initial (done[-1] = 0); decay = [g, l]."""
-    c = _Call(x, "x", time_dim)
+    c = Call(x, "x", time_dim)
     c.flags(None, None, done, align=True)
     decay = [c.coefficient(d, name) for name, d in decay]
     c.per_row(initial, "initial")

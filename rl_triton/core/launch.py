@@ -85,6 +85,12 @@ def prepare(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, outs
     return _kernels().Launch(algo, args, outs)
 
 
+def pointer_launches(backend: str) -> bool:
+    """Whether ``backend`` launches from data pointers (compiled Triton kernels; the interpreter
+    needs tensors)."""
+    return backend == "triton" and not _kernels().INTERPRET
+
+
 def output_dtype(backend: str, compute: torch.dtype, dtype: torch.dtype) -> torch.dtype:
     """The dtype the kernels write: numba the compute dtype, Triton the caller's."""
     return compute if backend == "cpu" else dtype

@@ -90,18 +90,22 @@ def cached(fn):
         except (_Unkeyable, RuntimeError):  # RuntimeError: a tensor without strides (sparse, say)
             return fn(*args, **kwargs)
         key = tuple(key)
-        values = dict(zip(names, args))
-        values.update(kwargs)
         plan = _plans.get(key)
         if plan is _NO_PLAN:
             return fn(*args, **kwargs)
+        if plan is not None and plan.hit is not None:
+            result = plan.hit(args, kwargs)
+            if result is not None:
+                return result
+        values = dict(zip(names, args))
+        values.update(kwargs)
         if plan is not None:
             result = plan.execute(values)
             if result is not None:
                 return result
             return fn(*args, **kwargs)  # a per-call condition (overlapping out=) the full path handles
         outer = recorder()
-        _local.recorder = record = _Recorder(values)
+        _local.recorder = record = _Recorder(values, names[:len(args)])
         try:
             result = fn(*args, **kwargs)
         finally:
@@ -124,14 +128,17 @@ def recorder():
 class _Recorder:
     """Collects a full call's plan (``plan``), or whether its signature has none (``final``)."""
 
-    def __init__(self, values: dict):
+    def __init__(self, values: dict, positional):
         self.values = values
+        self.positional = positional
         self.plan = None
         self.final = True  # no fused launch reached (composed path, empty call): never one
 
     def build(self, algo, backend, compute, args, rows, given, checks, numbers):
         """The plan of this fused call, or None (also kept: ``final``) where it has none."""
         self.plan = Plan.build(self.values, algo, backend, compute, args, rows, given, checks, numbers)
+        if self.plan is not None:
+            self.plan.positional = self.positional
         self.final = self.plan is not None
         return self.plan
 
@@ -210,9 +217,7 @@ class Plan:
                 # their memory (the kernel reads them without a conversion)
                 make = functools.partial(cpu.new_output, tuple(out.shape), out.dtype, seen == TRANSPOSED)
             else:
-                make = functools.partial(_new_output, functools.partial(
-                    torch.empty_strided, tuple(out.shape), out.stride(), dtype=out.dtype, device=out.device),
-                    offset, shape, strides, seen)
+                make = functools.partial(_new_output, tuple(out.shape), out.stride(), out.dtype, out.device)
             outputs.append((make, i, offset, shape, strides, seen))
             views.append(view)
         plan = cls()
@@ -227,7 +232,10 @@ class Plan:
         plan.checks = checks
         plan.numbers = numbers
         plan.launch = launch.prepare(algo, backend, compute, args, views)
-        plan.pointers = backend == "triton" and rows.device.type == "cuda"
+        plan.pointers = launch.pointer_launches(backend)
+        plan.hit = None  # the generated hit path (``_generate``), after a first launch
+        plan.can_generate = plan.pointers or backend == "cpu"
+        plan.algo = algo.name
         # numba reads numpy arrays: the sources its arguments come from are converted once each
         # (numpy has no bfloat16; tensors that require grad stay tensors, detached by the backend)
         plan.arrays = [k for k in sorted({slot[1] for slot in slots}) if sources[k][1].dtype != torch.bfloat16
@@ -235,13 +243,20 @@ class Plan:
         plan.single = len(outputs) == 1
         # the launch's tensor positions, each from a caller tensor, an output or a constant
         if plan.pointers:
-            n = len(args)
+            # per tensor position of the launch: (index into sources + outputs + constants, offset)
+            n, n_src, n_out = len(args), len(sources), len(outputs)
             by_pos = {pos: (k, offset) for pos, k, offset, *_ in slots}
-            plan.pointer_slots = [
-                ("const", plan.launch.constants[pos].data_ptr()) if pos in plan.launch.constants else
-                ("in", *by_pos[pos]) if pos < n else ("out", pos - n, outputs[pos - n][2])
-                for pos in plan.launch.tensor_slots
-            ]
+            constants = plan.launch.constants
+            plan.constants = [constants[pos] for pos in plan.launch.tensor_slots if pos in constants]
+            plan.pointer_slots, c = [], 0
+            for pos in plan.launch.tensor_slots:
+                if pos in constants:
+                    plan.pointer_slots.append((n_src + n_out + c, 0))
+                    c += 1
+                elif pos < n:
+                    plan.pointer_slots.append(by_pos[pos])
+                else:
+                    plan.pointer_slots.append((n_src + pos - n, outputs[pos - n][2]))
         return plan
 
     def execute(self, values: dict):
@@ -252,42 +267,127 @@ class Plan:
         sources = [values[name] if i is None else values[name][i] for name, i in self.sources]
         for check, names in self.checks:
             check(**{name: values[name] for name in names})
-        arrays = self.arrays is not None
-        outs, out_views = [], []
-        for make, i, offset, shape, strides, seen in self.outputs:
+        outs, views = [], []
+        for make, i, *_ in self.outputs:
             if make is not None:
                 out, view = make()
             else:
-                out = values["out"]
-                out = out if self.single else out[i]
-                view = _seen_as(out.numpy() if arrays and seen != VIEW else out, out, offset, shape, strides, seen)
+                out, view = values["out"], None
+                if not self.single:
+                    out = out[i]
             outs.append(out)
-            out_views.append(view)
+            views.append(view)
         if self.out_sources and self._overlap(sources):
             return None
-        if not (self.pointers and self._launch_direct(sources, outs)):
-            args = self.args.copy()
-            seen_as = sources.copy()
-            if arrays:
-                for k in self.arrays:
-                    seen_as[k] = sources[k].numpy()
-            for pos, k, offset, shape, strides, seen in self.slots:
-                a = seen_as[k]
-                args[pos] = a if seen == SAME else a.T if seen == TRANSPOSED else _seen_as(
-                    a, sources[k], offset, shape, strides, seen)
-            self.launch.launch(args, out_views)
+        if self.pointers:
+            tensors = sources + outs + self.constants
+            if self.launch.launch_direct([tensors[k].data_ptr() + offset for k, offset in self.pointer_slots]):
+                if self.can_generate and self.hit is None:
+                    self.hit = self._generate()
+                return outs[0] if self.single else tuple(outs)
+        self._launch(sources, outs, views)
+        if self.can_generate and self.hit is None and not self.pointers:
+            self.hit = self._generate()
         return outs[0] if self.single else tuple(outs)
 
-    def _launch_direct(self, sources, outs) -> bool:
-        ptrs = []
-        for slot in self.pointer_slots:
-            if slot[0] == "in":
-                ptrs.append(sources[slot[1]].data_ptr() + slot[2])
-            elif slot[0] == "out":
-                ptrs.append(outs[slot[1]].data_ptr() + slot[2])
+    def _generate(self):
+        """A function ``hit(args, kwargs)`` serving the calls of this plan's signature as
+        ``execute`` does, with every value the signature fixes written into its code (as Triton
+        binds its own launches): it takes the caller's tensors from where this signature puts
+        them, runs the plan's checks, allocates the outputs and launches (Triton: the compiled
+        kernel with data pointers; numba: the kernel with numpy views). It returns None, having
+        launched nothing, where ``execute`` would, and where a pointer the compiled kernel takes
+        as 16-byte aligned is not, launch hooks are set or another device is current; then
+        ``execute`` serves the call. None instead of a function where the Triton kernel is not
+        compiled yet."""
+        namespace = {}
+        lines, var = [], {}
+        for k, (name, i) in enumerate(self.sources):
+            where = f"args[{self.positional.index(name)}]" if name in self.positional else f"kwargs[{name!r}]"
+            lines.append(f"s{k} = {where}" + ("" if i is None else f"[{i}]"))
+            var[name, i] = f"s{k}"
+        for m, (name, value) in enumerate(self.numbers):
+            namespace[f"_n{m}"] = value
+            lines += [f"if float({var[name, None]}) != _n{m}:", "    return None"]
+        for m, (check, names) in enumerate(self.checks):
+            namespace[f"_check{m}"] = check
+            lines.append(f"_check{m}({', '.join(f'{name}={var[name, None]}' for name in names)})")
+        for j, (make, i, *_) in enumerate(self.outputs):
+            if make is None:
+                lines.append(f"o{j} = {var['out', None if self.single else i]}")
             else:
-                ptrs.append(slot[1])
-        return self.launch.launch_direct(ptrs)
+                namespace[f"_make{j}"] = make
+                lines.append(f"o{j}, w{j} = _make{j}()")
+        if self.out_sources:
+            namespace["_overlap"] = self._overlap
+            lines += [f"if _overlap([{', '.join(var.values())}]):", "    return None"]
+        launch = self._pointer_lines(namespace) if self.pointers else self._array_lines(namespace)
+        if launch is None:
+            return None
+        results = ", ".join(f"o{j}" for j in range(len(self.outputs)))
+        lines += launch + [f"return {results}" + ("" if self.single else ",")]
+        source = "def hit(args, kwargs):\n" + "".join(f"    {line}\n" for line in lines)
+        exec(compile(source, f"<rl_triton plan: {self.algo}>", "exec"), namespace)
+        return namespace["hit"]
+
+    def _pointer_lines(self, namespace):
+        """The Triton launch from data pointers of the sources ``s*`` and outputs ``o*``."""
+        n_src, n_out = len(self.sources), len(self.outputs)
+        lines, pointers = [], []
+        for m, (k, offset) in enumerate(self.pointer_slots):
+            if k < n_src:
+                expr = f"s{k}.data_ptr()"
+            elif k < n_src + n_out:
+                expr = f"o{k - n_src}.data_ptr()"
+            else:
+                namespace[f"_const{m}"] = self.constants[k - n_src - n_out]
+                expr = f"_const{m}.data_ptr()"
+            lines.append(f"p{m} = {expr}" + (f" + {offset}" if offset else ""))
+            pointers.append(f"p{m}")
+        launch = self.launch.direct_source(pointers, namespace, self.launch.last_aligned)
+        return None if launch is None else lines + launch
+
+    def _array_lines(self, namespace):
+        """The numba launch on numpy views of the sources ``s*`` and outputs ``o*`` (or the
+        arrays ``w*`` fresh outputs come with)."""
+        lines = [f"a{k} = s{k}.numpy()" for k in self.arrays]
+        args = {}
+        for pos, k, offset, shape, strides, seen in self.slots:
+            base = f"a{k}" if k in self.arrays else f"s{k}"
+            if seen == VIEW:
+                namespace[f"_view{pos}"] = functools.partial(_seen_as, offset=offset, shape=shape, strides=strides,
+                                                             seen=VIEW)
+                args[pos] = (f"_view{pos}(None, s{k})", False)
+            else:
+                args[pos] = (base if seen == SAME else f"{base}.T", k in self.arrays)
+        outs = []
+        for j, (make, _, offset, shape, strides, seen) in enumerate(self.outputs):
+            if make is not None and make.func is cpu.new_output:
+                outs.append((f"w{j}", True))
+            elif seen == VIEW:
+                namespace[f"_oview{j}"] = functools.partial(_seen_as, offset=offset, shape=shape, strides=strides,
+                                                            seen=VIEW)
+                outs.append((f"_oview{j}(None, o{j})", False))
+            else:
+                outs.append((f"o{j}.numpy()" if seen == SAME else f"o{j}.numpy().T", True))
+        return lines + self.launch.source(args, outs, namespace)
+
+    def _launch(self, sources, outs, views):
+        """Launch on views of the caller's tensors (numpy arrays for numba)."""
+        arrays = self.arrays is not None
+        for j, (out, (_, _, offset, shape, strides, seen)) in enumerate(zip(outs, self.outputs)):
+            if views[j] is None:
+                views[j] = _seen_as(out.numpy() if arrays and seen != VIEW else out, out, offset, shape, strides, seen)
+        args = self.args.copy()
+        seen_as = sources.copy()
+        if arrays:
+            for k in self.arrays:
+                seen_as[k] = sources[k].numpy()
+        for pos, k, offset, shape, strides, seen in self.slots:
+            a = seen_as[k]
+            args[pos] = a if seen == SAME else a.T if seen == TRANSPOSED else _seen_as(
+                a, sources[k], offset, shape, strides, seen)
+        self.launch.launch(args, views)
 
     def _overlap(self, sources) -> bool:
         """Whether a caller's output meets another of the call's tensors in memory."""
@@ -324,6 +424,6 @@ def _seen_as(a, x: torch.Tensor, offset: int, shape, strides, seen: int):
     return x.as_strided(shape, strides, x.storage_offset() + offset // x.element_size())
 
 
-def _new_output(alloc, offset: int, shape, strides, seen: int):
-    out = alloc()
-    return out, _seen_as(out, out, offset, shape, strides, seen)
+def _new_output(shape, strides, dtype, device):
+    """A fresh output, its kernel view left to be made where one is needed."""
+    return torch.empty_strided(shape, strides, dtype=dtype, device=device), None

@@ -13,7 +13,8 @@ from numbers import Real
 
 import torch
 
-from . import inputs, launch
+from . import inputs, launch, plans, spec
+from .call import Call
 
 
 def _shift(x, reverse, fill):
@@ -52,6 +53,7 @@ def scan(alpha, beta, carry, reverse: bool, backend: str):
     return launch.scan_rows(alpha, beta, carry, reverse, backend)
 
 
+@plans.cached
 def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend=None, out=None):
     """Solve ``y[t] = alpha[t] + beta[t] * y[t+1]`` (``reverse=True``, ``y[T] = initial``) or
     ``y[t] = alpha[t] + beta[t] * y[t-1]`` (``reverse=False``, ``y[-1] = initial``) along ``time_dim``.
@@ -60,30 +62,29 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
     has that shape without the time dim. Differentiable in every tensor argument.
     """
     inputs.check_tensor(alpha, "alpha")
-    if isinstance(beta, Real) and not isinstance(beta, bool):
-        beta = torch.tensor(float(beta), dtype=alpha.dtype, device=alpha.device)
-    elif not isinstance(beta, torch.Tensor):
+    number = isinstance(beta, Real) and not isinstance(beta, bool)
+    if number:  # applied in the compute dtype, as the estimators apply a number gamma
+        beta = float(beta)
+        beta_t = torch.tensor(beta, dtype=inputs.compute_dtype(alpha.dtype), device=alpha.device)
+    elif isinstance(beta, torch.Tensor):
+        beta_t = inputs.check_tensor(beta, "beta")
+    else:
         raise TypeError(f"beta must be a number or a torch.Tensor, got {type(beta).__name__}")
-    inputs.check_tensor(beta, "beta")
     if not isinstance(reverse, bool):
         raise TypeError(f"reverse must be a bool, got {type(reverse).__name__}")
     try:
-        shape = torch.broadcast_shapes(alpha.shape, beta.shape)
+        shape = torch.broadcast_shapes(alpha.shape, beta_t.shape)
     except RuntimeError:
-        raise ValueError(f"alpha {tuple(alpha.shape)} and beta {tuple(beta.shape)} do not broadcast") from None
-    ref = alpha if alpha.shape == shape else alpha.expand(shape)
-    rows = inputs.Rows(ref, "alpha", time_dim, alpha.dtype)
-    rows.value(beta, "beta")
-    if initial is not None:
-        rows.value(initial, "initial", shape=rows.row_shape)
-    if out is not None:
-        rows.check_out(out, "out")
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (alpha, beta, initial)):
-            raise ValueError("out= does not support autograd; call without out= to get gradients")
-    backend = launch.resolve_backend(backend, rows.device)
-    cd = inputs.compute_dtype(alpha.dtype)
-    a = rows.rows(alpha).to(cd)
-    b = rows.rows(beta).to(cd)
-    c = (rows.per_row(initial).to(cd) if initial is not None
-         else torch.zeros(rows.R, dtype=cd, device=rows.device))
-    return rows.deliver(scan(a, b, c, reverse, backend), out)
+        raise ValueError(f"alpha {tuple(alpha.shape)} and beta {tuple(beta_t.shape)} do not broadcast") from None
+    c = Call(alpha if alpha.shape == shape else alpha.expand(shape), "alpha", time_dim)
+    if not number:
+        c.value(beta_t, "beta")
+    c.per_row(initial, "initial")
+    fused = c.start(backend, out, 1)
+    if c.empty:
+        return c.empty_outputs()
+    if fused:  # the kernels read alpha and beta in any float dtype; a number beta is a constant
+        return c.run_fused(spec.AFFINE_SCAN, alpha=c.r(alpha), beta=beta if number else c.r(beta), carry=c.r_row(initial),
+                           reverse=reverse)
+    carry = c.f_row(initial)
+    return c.results([scan(c.f(alpha), c.f(beta_t), carry, reverse, c.backend)])

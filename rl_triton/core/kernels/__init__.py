@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import os
 from typing import NamedTuple
 
@@ -230,7 +231,13 @@ class Launch:
         self.runtime = (R, T, config.seg_chunks, config.n_seg)
         self.ws_size = R * config.n_seg * 2 if config.n_seg > 1 else 0
         self.ws_dtype = torch.float64 if acc64 else torch.float32
-        self.kernels: dict = {}  # alignment bits -> {phase: compiled kernel}
+        self.kernels: dict = {}  # alignment bits -> [compiled kernel per phase]
+        self.phases = (1, 2) if config.n_seg > 1 else (0,)
+        self.all_aligned = (True,) * len(self.tensor_slots)
+        # per tensor position: what follows its data pointer in the engine's argument
+        self.tails = tuple((slot, (0, 0) if slot in self.constants else templates[slot]) for slot in self.tensor_slots)
+        self.device_index = device.index if device.type == "cuda" else None
+        self.stream = None  # Triton's current-stream function, looked up at the first direct launch
 
     def _key(self, aligned):
         keys = list(self.keys)
@@ -252,47 +259,94 @@ class Launch:
             packed[slot] = (t, 0, 0) if slot in self.constants else (t, *packed[slot])
         n = self.n_args
         ws = self._workspace(tensors[0])
-        compiled = {}
+        compiled = []
         with self._on_device():
-            for phase in self._phases():
-                compiled[phase] = _dispatch(self.config, (tuple(packed[:n]), tuple(packed[n:])), ws, self.runtime,
-                                            phase, self.idx)
-        if not INTERPRET and all(hasattr(k, "packed_metadata") and hasattr(k, "function") for k in compiled.values()):
+            for phase in self.phases:
+                compiled.append(_dispatch(self.config, (tuple(packed[:n]), tuple(packed[n:])), ws, self.runtime,
+                                          phase, self.idx))
+        if not INTERPRET and all(hasattr(k, "packed_metadata") and hasattr(k, "function") for k in compiled):
             aligned = tuple(p % 16 == 0 for p in ptrs)
             _compiled[self._key(aligned)] = self.kernels[aligned] = compiled
 
     def launch_direct(self, ptrs) -> bool:
         """Launch on the data pointers of ``tensor_slots`` (constants' included); False when no
         kernel is compiled for their alignment (or launch hooks are set), nothing launched."""
-        aligned = tuple(p % 16 == 0 for p in ptrs)
+        # one OR tells the common case, every pointer 16-byte aligned
+        aligned = self.all_aligned if not functools.reduce(operator.or_, ptrs) & 15 else \
+            tuple(p % 16 == 0 for p in ptrs)
+        self.last_aligned = aligned
         kernels = self.kernels.get(aligned)
         if kernels is None:
             # compiled for another Launch of the same specialisation (the full path builds one per call)
             kernels = _compiled.get(self._key(aligned))
-            if kernels is not None:
-                self.kernels[aligned] = kernels
-        if kernels is None or _hooks_active():
+            if kernels is None:
+                return False
+            self.kernels[aligned] = kernels
+        if _hooks_active():
             return False
-        direct = list(self.templates)
-        for slot, ptr in zip(self.tensor_slots, ptrs):
-            template = direct[slot]
-            direct[slot] = (ptr, 0, 0) if slot in self.constants else (ptr, *template)
+        direct = self.templates.copy()
+        for (slot, tail), ptr in zip(self.tails, ptrs):
+            direct[slot] = (ptr, *tail)
         n = self.n_args
-        args = (tuple(direct[:n]), tuple(direct[n:]))
-        config = self.config
-        grid = config.grid
-        with self._on_device():
-            stream = _stream_getter()(self.device.index)
-            ws = self._workspace(None) if self.ws_size else None
-            ws_ptr = ptrs[0] if ws is None else ws.data_ptr()
-            for phase in self._phases():
-                kernel = kernels[phase]
+        ins, outs = tuple(direct[:n]), tuple(direct[n:])
+        grid, constexprs = self.config.grid, self.config.constexprs
+        if self.stream is None:
+            self.stream = _stream_getter()
+        other = self.device_index is not None and self.device_index != torch._C._cuda_getDevice()
+        with torch.cuda.device(self.device) if other else contextlib.nullcontext():
+            stream = self.stream(self.device_index)
+            ws_ptr = ptrs[0] if not self.ws_size else self._workspace(None).data_ptr()
+            for phase, kernel in zip(self.phases, kernels):
                 kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                           *args, ws_ptr, *self.runtime, *config.constexprs[phase], self.idx)
+                           ins, outs, ws_ptr, *self.runtime, *constexprs[phase], self.idx)
         return True
 
-    def _phases(self):
-        return (1, 2) if self.config.n_seg > 1 else (0,)
+    def direct_source(self, pointers, namespace: dict, aligned):
+        """Python source lines launching the kernel compiled for the alignment ``aligned`` (which
+        pointers are 16-byte aligned) with the data pointers held in the variables ``pointers``
+        (one per ``tensor_slots`` entry), the engine's arguments spelled out; the objects they
+        name go into ``namespace``. None where no such kernel is compiled. The lines return None
+        (nothing launched) where a pointer the kernel takes as aligned is not, launch hooks are
+        set or another CUDA device is current: the caller then takes the general path. (A kernel
+        compiled for a misaligned pointer serves an aligned one as well.)"""
+        kernels = self.kernels.get(aligned) or _compiled.get(self._key(aligned))
+        if kernels is None:
+            return None
+        ptr_of = dict(zip(self.tensor_slots, pointers))
+        items = []
+        for slot, template in enumerate(self.templates):
+            if slot in ptr_of:
+                tail = (0, 0) if slot in self.constants else template
+                names = [f"_a{slot}_{i}" for i in range(len(tail))]
+                namespace.update(zip(names, tail))
+                items.append(f"({', '.join([ptr_of[slot], *names])})")
+            else:
+                namespace[f"_a{slot}"] = template
+                items.append(f"_a{slot}")
+        n = self.n_args
+        namespace.update(_hooks_active=_hooks_active, _empty=torch.empty, _stream=_stream_getter(),
+                         _device=self.device, _idx=self.idx, _grid=self.config.grid, _runtime=self.runtime,
+                         _ws_size=self.ws_size, _ws_dtype=self.ws_dtype)
+        if self.device_index is not None:  # a CUDA device (tests stand CPU tensors in for one)
+            namespace["_get_device"] = torch._C._cuda_getDevice
+        assumed = [p for p, a in zip(pointers, aligned) if a]
+        lines = [
+            f"if ({' | '.join(assumed) or '0'}) & 15 or _hooks_active()"
+            + (" or _get_device() != _device.index:" if self.device_index is not None else ":"),
+            "    return None",
+            "_s = _stream(_device.index)",
+            f"_ws = {pointers[0]}" if not self.ws_size else
+            "_ws = _empty(_ws_size, dtype=_ws_dtype, device=_device).data_ptr()",
+        ]
+        for phase, kernel in zip(self.phases, kernels):
+            constexprs = self.config.constexprs[phase]
+            names = [f"_c{phase}_{i}" for i in range(len(constexprs))]
+            namespace.update(zip(names, constexprs))
+            namespace[f"_k{phase}"] = kernel
+            lines.append(f"_k{phase}.run(_grid[0], _grid[1], 1, _s, _k{phase}.function, _k{phase}.packed_metadata, "
+                         f"None, None, None, ({', '.join(items[:n])},), ({', '.join(items[n:])},), _ws, *_runtime, "
+                         f"{', '.join(names)}, _idx)")
+        return lines
 
     def _workspace(self, first):
         """The segment scan's workspace; a single pass reads none (the first input stands in)."""
@@ -325,13 +379,15 @@ def _stream_getter():
     return driver.active.get_current_stream
 
 
+_RUNTIME_KNOBS = getattr(knobs, "runtime", None) if AVAILABLE else None
+
+
 def _hooks_active() -> bool:
     """Whether Triton launch hooks are set (profilers); then every launch takes Triton's path.
     A hook is a callable or None (older triton) or a chain with a ``calls`` list (newer)."""
-    runtime = getattr(knobs, "runtime", None)
-    if runtime is None:
+    if _RUNTIME_KNOBS is None:
         return False
-    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+    enter, exit_ = _RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook
     return bool(getattr(enter, "calls", enter)) or bool(getattr(exit_, "calls", exit_))
 
 

@@ -230,7 +230,13 @@ def eligibility_trace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
 
 @triton.jit
 def affine_scan_build(ins, rows, t, mask, T, ACC: tl.constexpr):
-    return load(ins[AFFINE_SCAN.alpha], rows, t, mask, ACC), load(ins[AFFINE_SCAN.beta], rows, t, mask, ACC), 0
+    alpha = load(ins[AFFINE_SCAN.alpha], rows, t, mask, ACC)
+    b = ins[AFFINE_SCAN.beta]
+    if b[0] is None:  # a number
+        beta = tl.full(alpha.shape, b[1], ACC)
+    else:
+        beta = load(b, rows, t, mask, ACC)
+    return alpha, beta, 0
 
 
 # name: (BUILD, INIT, STORE): ``<name>_build``, the carry argument or zero, ``<name>_store`` or y itself
