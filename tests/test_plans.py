@@ -303,3 +303,20 @@ def test_generated_hit_passes_what_dispatch_passes(shape, fake_triton):
     offset = torch.randn(R * T + 1)[1:].view(R, T)  # 4 bytes past an aligned address
     call(offset)
     assert len(dispatched) == 2 * phases  # dispatched again, for the misaligned specialisation
+
+
+def test_forced_launch_parameters_bypass_the_plans(executions):
+    """Under ``kernels.forced_plan`` (tests, plan sweeps) calls take the full path, whose launch
+    reads the forced parameters; a plan kept from before would not."""
+    pytest.importorskip("triton")
+    from rl_triton.core import kernels
+
+    p = make("gae", (4, 40), "done")
+    p.call("cpu")
+    p.call("cpu")
+    runs = len(executions)
+    with kernels.forced_plan(block_t=8):
+        _check(p, p.call("cpu"))
+    assert len(executions) == runs
+    p.call("cpu")
+    assert len(executions) == runs + 1

@@ -9,6 +9,7 @@ opaque to the compiler, described to it by fake implementations); eager calls la
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -83,6 +84,13 @@ def prepare(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, outs
     if backend == "cpu":
         return cpu.Launch(algo, compute, args, outs)
     return _kernels().Launch(algo, args, outs)
+
+
+def plan_forced() -> bool:
+    """Whether ``kernels.forced_plan`` is in effect (tests and plan sweeps); then calls take the
+    full path. Not imported yet, the Triton backend forces nothing."""
+    kernels = sys.modules.get(f"{__package__}.kernels")
+    return kernels is not None and bool(kernels._forced)
 
 
 def pointer_launches(backend: str) -> bool:

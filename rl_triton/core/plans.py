@@ -35,20 +35,11 @@ _plans: dict = {}
 _lock = threading.Lock()
 _local = threading.local()
 _NO_PLAN = object()  # a signature whose calls take the full path (the composed path, say)
-_bypass = 0  # > 0: every call takes the full path (kernels.forced_plan sets it for tests)
 
 
 def clear() -> None:
     """Forget every plan."""
     with _lock:
-        _plans.clear()
-
-
-def bypass(on: bool) -> None:
-    """Send every call through the full path while on (nests)."""
-    global _bypass
-    with _lock:
-        _bypass += 1 if on else -1
         _plans.clear()
 
 
@@ -76,7 +67,7 @@ def cached(fn):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if _bypass or torch.compiler.is_compiling() or len(args) > len(names):
+        if torch.compiler.is_compiling() or len(args) > len(names) or launch.plan_forced():
             return fn(*args, **kwargs)
         key = [call, torch.is_grad_enabled(), inputs.env_state()]
         try:

@@ -50,7 +50,9 @@ _forced: dict = {}
 
 @contextlib.contextmanager
 def forced_plan(**plan):
-    """Force launch parameters (block_t, block_r, n_seg) so tests reach every regime at small sizes."""
+    """Force launch parameters (block_t, block_r, n_seg) so tests reach every regime at small sizes;
+    meanwhile every call takes the full path (``launch.plan_forced``: no call plan, which would
+    keep its own launch)."""
     _forced.update(plan)
     try:
         yield
