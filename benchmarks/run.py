@@ -89,15 +89,45 @@ def full_call_us(fn, n=200, budget_s=0.5):
     return _full_call_round(fn, max(5, min(n, int(budget_s / max(time.perf_counter() - start, 1e-6)))))
 
 
+def _full_call_round(fn, n=25) -> float:
+    """Median full call (CUDA events around one call after a synchronize) of ``n`` calls."""
+    times = []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+class NotCaptured(Exception):
+    """The replayed graph does not compute what the call computes (the call's work ran outside
+    the capture, on another stream)."""
+
+
 def device_us(fn, calls=20, reps=9):
-    fn()
+    """Device time per call: median replay of a CUDA graph of ``calls`` calls, divided by
+    ``calls``. Where ``fn`` returns tensors, the graph's outputs are first set to NaN, replayed,
+    and compared with an eager call's: a graph that does not recompute them raises NotCaptured
+    (work launched on a stream other than the capturing one is not in the graph)."""
+    eager = fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls):
-            fn()
+            outs = fn()
+    outs = [o for o in (outs if isinstance(outs, (tuple, list)) else (outs,)) if isinstance(o, torch.Tensor)]
+    for o in outs:
+        o.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
+    eager = eager if isinstance(eager, (tuple, list)) else (eager,)
+    for o, e in zip(outs, eager):
+        if not torch.allclose(o, e, rtol=1e-5, atol=1e-5, equal_nan=True):
+            raise NotCaptured
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -260,11 +290,13 @@ HOST_SHAPE = "4096x128"
 PUBLIC = ALGOS + ["affine_scan"]
 
 
-def _host_problem(algo: str, R: int, T: int):
-    """rl_triton's call of ``algo`` on an R x T problem of the catalog (the benchmark's problems)."""
-    if algo == "affine_scan":
-        return testing.make("affine_scan", (R, T), "reverse", device="cuda", seed=1).call
-    return Problem(algo, R, T).call
+def _host_call(algo: str, R: int, T: int):
+    """rl_triton's call of ``algo`` on an R x T problem of the catalog (the benchmark's
+    problems), made as a user makes it: the function with the problem's arguments."""
+    p = testing.make("affine_scan", (R, T), "reverse", device="cuda", seed=1) if algo == "affine_scan" \
+        else Problem(algo, R, T).problem
+    fn, args, kwargs = getattr(rt, p.fn), p.args, p.kwargs
+    return lambda: fn(*args, **kwargs)
 
 
 def _throughput_round(fn, n=200) -> float:
@@ -284,7 +316,7 @@ def host_path(rounds: int = 15) -> list:
     R, T = map(int, HOST_SHAPE.split("x"))
     x = torch.empty(1, device="cuda")
     impls = {"empty Triton kernel": lambda: _empty_kernel[(1,)](x)}
-    impls.update({algo: _host_problem(algo, R, T) for algo in PUBLIC})
+    impls.update({algo: _host_call(algo, R, T) for algo in PUBLIC})
     for fn in impls.values():  # compile, leave each call's plan
         for _ in range(3):
             fn()
