@@ -47,10 +47,12 @@ def _run(method, buf, last_values, dones):
 @pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (1.0, 1.0), (0.9, 1.0), (0.99, 0.0), (0.0, 0.5)])
 @pytest.mark.parametrize("T,N", [(1, 1), (7, 3), (64, 8), (333, 5)])
 @pytest.mark.parametrize("dict_obs", [False, True])
-@pytest.mark.parametrize("short_rollouts", ["sb3_loop", "fused"])
+@pytest.mark.parametrize("short_rollouts", ["sb3_loop", "fused", "fused, written in place"])
 def test_matches_sb3(T, N, gamma, lam, dict_obs, short_rollouts, monkeypatch):
-    if short_rollouts == "fused":  # the fused call at every length, short rollouts included
+    if short_rollouts != "sb3_loop":  # the fused call at every length, short rollouts included
         monkeypatch.setattr(rt_sb3, "LOOP_MAX_STEPS", 0)
+    if short_rollouts == "fused, written in place":  # the large buffers' path (out=) at every size
+        monkeypatch.setattr(rt_sb3, "FRESH_MAX_ELEMENTS", 0)
     rng = np.random.default_rng(T * 100 + N)
     cls = DictRolloutBuffer if dict_obs else RolloutBuffer
     for trial in range(3):

@@ -38,6 +38,10 @@ _DEFAULTS = {"device": "cpu", "gpu_min_elements": 1 << 16}
 # rollouts this short (A2C's default is 5 steps) keep SB3's own loop on the CPU, where it costs
 # less than one fused call (docs/sb3.md)
 LOOP_MAX_STEPS = 12
+# up to this many steps the CPU path takes fresh outputs (a call without out= skips the overlap
+# check, a few microseconds) and copies the advantages into the buffer; larger ones are written
+# in place (re-tune: python benchmarks/sb3_crossover.py)
+FRESH_MAX_ELEMENTS = 1 << 14
 
 
 _CPU = torch.device("cpu")
@@ -69,9 +73,15 @@ def compute_returns_and_advantage(self, last_values: torch.Tensor, dones: np.nda
         rewards, values, starts, last = (a.to(device, non_blocking=True) for a in (rewards, values, starts, last))
     if bootstrap.device != device or bootstrap.dtype != rewards.dtype:
         bootstrap = bootstrap.to(device=device, dtype=rewards.dtype)
-    adv, _ = gae(rewards, values, episode_starts=starts, last_done=last, bootstrap_value=bootstrap,
-                 gamma=float(self.gamma), lmbda=float(self.gae_lambda), time_dim=0)
-    # fresh outputs cost less than out= (no overlap check); SB3's buffer keeps its array
+    kw = dict(episode_starts=starts, last_done=last, bootstrap_value=bootstrap, gamma=float(self.gamma),
+              lmbda=float(self.gae_lambda), time_dim=0)
+    if device.type == "cpu" and T * N > FRESH_MAX_ELEMENTS:
+        # written in place: fresh outputs this large would cost their pages' first touch and a copy
+        returns = np.empty_like(self.values)
+        gae(rewards, values, out=(torch.from_numpy(self.advantages), torch.from_numpy(returns)), **kw)
+        self.returns = np.add(self.advantages, self.values, out=returns)
+        return
+    adv, _ = gae(rewards, values, **kw)
     np.copyto(self.advantages, adv.numpy() if device.type == "cpu" else adv.cpu().numpy())
     # SB3's own expression, so that returns == advantages + values holds to the bit
     self.returns = self.advantages + self.values
