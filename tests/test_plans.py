@@ -320,3 +320,28 @@ def test_forced_launch_parameters_bypass_the_plans(executions):
     assert len(executions) == runs
     p.call("cpu")
     assert len(executions) == runs + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_plans_hold_no_tensor_of_their_calls(backend):
+    """A kept plan must not keep its first call's tensors (or outputs) alive."""
+    import gc
+    import weakref
+
+    p = make("vtrace", (4, 9), "done+bootstrap", seed=0)
+    outs = p.call(backend)
+    refs = [weakref.ref(t) for t in (*p.args, *p.kwargs.values(), *outs) if isinstance(t, torch.Tensor)]
+    del p, outs
+    gc.collect()
+    assert _plans() and all(r() is None for r in refs)
+
+
+def test_numbers_of_other_types_are_other_signatures():
+    """1.0, 1 and True are equal in Python; as arguments they are not the same call."""
+    r, v = torch.randn(2, 5), torch.randn(2, 5)
+    rl_triton.gae(r, v, gamma=1.0, backend="cpu")
+    rl_triton.gae(r, v, gamma=1, backend="cpu")
+    with pytest.raises(TypeError, match="gamma must be a float or a tensor"):
+        rl_triton.gae(r, v, gamma=True, backend="cpu")
+    with pytest.raises(TypeError, match="time_dim must be an int"):
+        rl_triton.gae(r, v, time_dim=1.0, backend="cpu")

@@ -48,8 +48,9 @@ class _Unkeyable(Exception):
 
 
 def _fingerprint(x):
-    """What the signature key holds of one argument (``cached`` inlines the tensor case; a tensor
-    without strides raises RuntimeError)."""
+    """What the signature key holds of one argument (``cached`` inlines tensors and floats; a
+    tensor without strides raises RuntimeError). Other numbers carry their type, so that 1,
+    1.0 and True stay apart."""
     t = type(x)
     if t is torch.Tensor:
         return x.dtype, x.shape, x.stride(), x.device, x.requires_grad
@@ -70,14 +71,16 @@ def cached(fn):
         if torch.compiler.is_compiling() or len(args) > len(names) or launch.plan_forced():
             return fn(*args, **kwargs)
         key = [call, torch.is_grad_enabled(), inputs.env_state()]
-        try:
+        try:  # tensors and floats (the common arguments) inline; a float stands for itself
             for x in args:
-                key.append((x.dtype, x.shape, x.stride(), x.device, x.requires_grad) if type(x) is torch.Tensor
-                           else _fingerprint(x))
+                t = type(x)
+                key.append((x.dtype, x.shape, x.stride(), x.device, x.requires_grad) if t is torch.Tensor
+                           else x if t is float else _fingerprint(x))
             for name, x in kwargs.items():
+                t = type(x)
                 key.append(name)
-                key.append((x.dtype, x.shape, x.stride(), x.device, x.requires_grad) if type(x) is torch.Tensor
-                           else _fingerprint(x))
+                key.append((x.dtype, x.shape, x.stride(), x.device, x.requires_grad) if t is torch.Tensor
+                           else x if t is float else _fingerprint(x))
         except (_Unkeyable, RuntimeError):  # RuntimeError: a tensor without strides (sparse, say)
             return fn(*args, **kwargs)
         key = tuple(key)
@@ -217,7 +220,9 @@ class Plan:
         # each output given by the caller, with the other tensors of the call it must not meet
         plan.out_sources = [(j, [k for k in range(len(sources)) if k != j])
                             for j, ((name, _), _) in enumerate(sources) if name == "out"]
-        plan.args = list(args)
+        # the arguments the signature fixes (numbers, modes, absent inputs); tensors come per
+        # call, and a plan keeps none of its first call's alive
+        plan.args = [None if isinstance(x, torch.Tensor) else x for x in args]
         plan.slots = slots
         plan.outputs = outputs
         plan.checks = checks
