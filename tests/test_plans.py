@@ -345,3 +345,22 @@ def test_numbers_of_other_types_are_other_signatures():
         rl_triton.gae(r, v, gamma=True, backend="cpu")
     with pytest.raises(TypeError, match="time_dim must be an int"):
         rl_triton.gae(r, v, time_dim=1.0, backend="cpu")
+
+
+def test_calls_without_a_plan():
+    """A signature whose kernel views are not the caller's memory (bfloat16 on numba goes
+    through float32 buffers) keeps no plan and is not recorded again; one whose views could lie
+    in several caller tensors (two views of one buffer) keeps none for that call alone."""
+    p = make("gae", (4, 9), "done", dtype=torch.bfloat16)
+    for _ in range(2):
+        _check(p, p.call("cpu"), tol=2e-2)
+    assert list(plans._plans.values()) == [plans._NO_PLAN]
+    plans.clear()
+    q = make("td_lambda_return", (4, 9), "done", seed=1)
+    shared = q.args[1].clone()
+    both = type(q)(q.fn, (shared, shared.view(4, 9)), q.kwargs)  # the carry lies in both
+    for _ in range(2):
+        _check(both, both.call("cpu"))
+    assert not plans._plans
+    _check(q, q.call("cpu"))
+    assert len(_plans()) == 1

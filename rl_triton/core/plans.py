@@ -5,8 +5,9 @@ the same flags and numbers, every iteration. The first call of such a signature 
 path (validation, layout views, backend and launch choices) and leaves a :class:`Plan`: where
 each kernel argument lies in the caller's tensors (a byte offset and strides), how the outputs
 are allocated, the prepared backend launch, and the checks that read data. A repeated call
-computes its signature key, finds the plan, runs those checks, and launches: on the GPU with
-data pointers alone, no view is built.
+computes its signature key, finds the plan, and runs the function the plan wrote for its
+signature: the checks, the outputs, the launch (on the GPU with data pointers alone; no view is
+built).
 
 The key holds, per argument, a tensor's dtype, shape, strides, device and ``requires_grad``,
 or a number's type and value, plus the grad mode and the environment variables the library
@@ -15,9 +16,9 @@ holding only 0 and 1 on CPU, ``terminated`` implying ``done``, coefficient tenso
 one-element CPU tensors read as numbers (TorchRL keeps gamma in one; a new value sends the call
 down the full path), overlap of ``out=`` with the inputs (by address ranges; an overlapping call
 takes the full path, which handles it), and on the GPU the data pointers' alignment, which
-selects the compiled kernel. Calls that need
-autograd, a ``torch.compile`` trace, tensor subclasses and unusual argument types always take
-the full path. The cache is bounded and shared by all threads.
+selects the compiled kernel. Calls that need autograd, a ``torch.compile`` trace, tensor
+subclasses and unusual argument types always take the full path. The cache is bounded and
+shared by all threads, and a plan keeps no tensor of its calls alive.
 """
 
 from __future__ import annotations
@@ -129,11 +130,11 @@ class _Recorder:
         self.final = True  # no fused launch reached (composed path, empty call): never one
 
     def build(self, algo, backend, compute, args, rows, given, checks, numbers):
-        """The plan of this fused call, or None (also kept: ``final``) where it has none."""
-        self.plan = Plan.build(self.values, algo, backend, compute, args, rows, given, checks, numbers)
-        if self.plan is not None:
-            self.plan.positional = self.positional
-        self.final = self.plan is not None
+        """The plan of this fused call, or None where it has none: then its signature keeps none
+        (``final``), unless it was this call's tensors sharing memory that hid where a view lies."""
+        plan = Plan.build(self.values, self.positional, algo, backend, compute, args, rows, given, checks, numbers)
+        self.final = plan is not _AMBIGUOUS
+        self.plan = None if plan is _AMBIGUOUS else plan
         return self.plan
 
 
@@ -155,9 +156,13 @@ def _byte_span(x: torch.Tensor) -> tuple[int, int]:
     return lo * x.element_size(), (hi + 1) * x.element_size()
 
 
+_AMBIGUOUS = object()
+
+
 def _locate(view: torch.Tensor, name: str, sources):
     """(source position, byte offset) of a kernel view in the caller's tensors: the one tensor
-    whose memory holds it (by name where several do), or None."""
+    whose memory holds it (by name where several do); None where none does, _AMBIGUOUS where
+    several do."""
     lo, hi = _byte_span(view)
     lo, hi = view.data_ptr() + lo, view.data_ptr() + hi
     found = []
@@ -169,9 +174,9 @@ def _locate(view: torch.Tensor, name: str, sources):
                 x.untyped_storage().data_ptr() == view.untyped_storage().data_ptr()):
             found.append((k, src_name))
     if len(found) > 1:
-        found = [f for f in found if f[1] == name]
+        found = [f for f in found if f[1] == name] or found
     if len(found) != 1:
-        return None
+        return None if not found else _AMBIGUOUS
     k = found[0][0]
     return k, view.data_ptr() - sources[k][1].data_ptr()
 
@@ -181,7 +186,11 @@ class Plan:
     caller's tensors, how fresh outputs are made, and the prepared backend launch."""
 
     @classmethod
-    def build(cls, values, algo, backend, compute, args, rows, given, checks, numbers):
+    def build(cls, values, positional, algo, backend, compute, args, rows, given, checks, numbers):
+        """The plan of a fused call (``values``: its arguments by name, the first ``positional``
+        of them given by position; the rest as ``Call.run_fused`` has them); None where a kernel
+        view is no caller tensor's (a copy was made) or an output goes through a buffer, and
+        _AMBIGUOUS where several caller tensors hold a view."""
         sources = _sources(values)
         # per kernel tensor argument: (position, source position, byte offset, shape, strides,
         # how it is seen: SAME (the source itself), TRANSPOSED (a 2-D source's transpose) or VIEW)
@@ -189,8 +198,8 @@ class Plan:
         for pos, x in enumerate(args):
             if isinstance(x, torch.Tensor):
                 where = _locate(x, algo.names[pos], sources)
-                if where is None:
-                    return None
+                if where is None or where is _AMBIGUOUS:
+                    return where
                 k, offset = where
                 slots.append((pos, k, offset, tuple(x.shape), x.stride(), _seen(sources[k][1], offset, x)))
         out_dtype = launch.output_dtype(backend, compute, rows.dtype)
@@ -215,6 +224,7 @@ class Plan:
             outputs.append((make, i, offset, shape, strides, seen))
             views.append(view)
         plan = cls()
+        plan.positional = positional
         plan.sources = [loc for loc, _ in sources]
         plan.spans = [_byte_span(x) for _, x in sources]
         # each output given by the caller, with the other tensors of the call it must not meet
