@@ -47,9 +47,11 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma: float, gae
     if not isinstance(rewards, torch.Tensor) or rewards.ndim != 2:
         raise ValueError("rewards must be a (num_steps, num_envs) tensor")
     n = rewards.shape[1]
+    bootstrap = _row(next_value, n, "next_value")
+    if bootstrap.dtype != rewards.dtype:
+        bootstrap = bootstrap.to(rewards.dtype)
     return gae(rewards, values, episode_starts=dones, last_done=_row(next_done, n, "next_done"),
-               bootstrap_value=_row(next_value, n, "next_value").to(rewards.dtype), gamma=gamma,
-               lmbda=gae_lambda, time_dim=0)
+               bootstrap_value=bootstrap, gamma=gamma, lmbda=gae_lambda, time_dim=0)
 
 
 def compute_gae_truncated(rewards, values, next_values, terminations, truncations, gamma: float,
