@@ -9,7 +9,8 @@ the full call (as below) and the launch throughput (calls issued back to back, o
 at the end, per call), the implementations taking turns, ratios taken within a round.
 
 GPU, then the grid: full call = CUDA events around one call with a synchronize before and after (what a
-training loop sees), median of many; device time = median CUDA-graph replay of 20 calls, per
+training loop sees), the implementations of a cell taking turns for 5 rounds (median over the
+rounds; "full / ours" is the median of the ratios within a round); device time = median CUDA-graph replay of 20 calls, per
 call ("-" where an implementation cannot be captured, e.g. it synchronises, or is too slow to
 capture). Floors, measured in the same process: device-to-device copy bandwidth (torch's copy
 and a Triton copy kernel, the faster) applied to the minimum bytes (each input read once, each
@@ -291,12 +292,32 @@ PUBLIC = ALGOS + ["affine_scan"]
 
 
 def _host_call(algo: str, R: int, T: int):
-    """rl_triton's call of ``algo`` on an R x T problem of the catalog (the benchmark's
-    problems), made as a user makes it: the function with the problem's arguments."""
-    p = testing.make("affine_scan", (R, T), "reverse", device="cuda", seed=1) if algo == "affine_scan" \
-        else Problem(algo, R, T).problem
-    fn, args, kwargs = getattr(rt, p.fn), p.args, p.kwargs
+    """rl_triton's call of ``algo`` on an R x T problem of the catalog (the benchmark's problems)."""
+    if algo == "affine_scan":
+        return _direct_call(testing.make("affine_scan", (R, T), "reverse", device="cuda", seed=1))
+    return _direct_call(Problem(algo, R, T).problem)
+
+
+def _direct_call(problem):
+    """A problem's rl_triton call as a user makes it: the function with the problem's arguments."""
+    fn, args, kwargs = getattr(rt, problem.fn), problem.args, problem.kwargs
     return lambda: fn(*args, **kwargs)
+
+
+def _full_calls_alternating(impls: dict, rounds: int = 5, budget_s: float = 0.1) -> dict:
+    """Per implementation, the median full call of each of ``rounds`` rounds in which the
+    implementations take turns (the order rotating), each timing about ``budget_s`` seconds of
+    calls (at least 3): a slow phase of the host hits them alike, and ratios are taken within a
+    round."""
+    names = list(impls)
+    calls = {}
+    for name, fn in impls.items():
+        calls[name] = max(3, min(25, int(budget_s / max(_full_call_round(fn, 1) * 1e-6, 1e-6))))
+    full = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            full[name].append(_full_call_round(impls[name], calls[name]))
+    return full
 
 
 def _throughput_round(fn, n=200) -> float:
@@ -388,9 +409,9 @@ def gpu_main(args):
         compiled = args.compiled_peers == "all" or algo in args.compiled_peers.split(",") \
             or shape in args.compiled_others_at.split(",")
         peers = problem.peers(compiled=compiled, external=external) if with_peers else {}
-        impls = {"rl_triton": problem.call, **peers}
-        ours = None
+        impls = {"rl_triton": _direct_call(problem.problem), **peers}
         cell = f"| {algo} | {dtype_name} | {shape} |"
+        checked = {}
         for name, fn in impls.items():
             try:
                 err = max_error(fn(), expected)
@@ -402,16 +423,22 @@ def gpu_main(args):
                 lines.append(f"{cell} {name} | WRONG, not timed | | | | | {err:.1e} |")
                 print(lines[-1], flush=True)
                 continue
-            full = full_call_us(fn)
-            dev = _device_or_none(fn, full)
+            checked[name] = err
+        timed = {name: impls[name] for name in checked}
+        full = _full_calls_alternating(timed)
+        ours = None
+        for name, err in checked.items():
+            dev = _device_or_none(timed[name], statistics.median(full[name]))
             if ours is None:
-                ours = (full, dev)
+                ours = (full[name], dev)
             ratio_dev = f"{dev / ours[1]:.1f}x" if dev is not None and ours[1] else "-"
-            lines.append(f"{cell} {name} | {full:.1f} | {'-' if dev is None else f'{dev:.2f}'} | "
-                         f"{full / ours[0]:.1f}x | {ratio_dev} | "
+            median = statistics.median(full[name])
+            lines.append(f"{cell} {name} | {median:.1f} | {'-' if dev is None else f'{dev:.2f}'} | "
+                         f"{statistics.median(ratios(full[name], ours[0])):.2f}x | {ratio_dev} | "
                          f"{'-' if dev is None else f'{floor / dev:.0%}'} | {err:.1e} |")
             print(lines[-1], flush=True)
-            results.append(dict(algo=algo, dtype=dtype_name, R=R, T=T, impl=name, full=full, dev=dev, floor=floor))
+            results.append(dict(algo=algo, dtype=dtype_name, R=R, T=T, impl=name, full=median, dev=dev, floor=floor,
+                                full_ratio=statistics.median(ratios(full[name], ours[0]))))
         del problem, impls
         torch.cuda.empty_cache()
         bar()
@@ -440,7 +467,9 @@ def summary(results, empty_full):
         peers = [r for r in rows if r is not ours]
 
         def closest(key):
-            timed = [(r[key] / ours[key], r["impl"]) for r in peers if r[key] is not None and ours[key]]
+            # full calls: the median of the ratios taken within the alternating rounds
+            timed = [(r.get("full_ratio", r["full"] / ours["full"]) if key == "full" else r[key] / ours[key], r["impl"])
+                     for r in peers if r[key] is not None and ours[key]]
             return f"{min(timed)[0]:.2f}x ({min(timed)[1]})" if timed else "-"
 
         out.append(f"| {algo} | {dtype} | {R}x{T} | {closest('full')} | {closest('dev')} | "
