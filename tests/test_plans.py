@@ -364,3 +364,28 @@ def test_calls_without_a_plan():
     assert not plans._plans
     _check(q, q.call("cpu"))
     assert len(_plans()) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["gae", "td_lambda_return", "discounted_return", "vtrace", "retrace",
+                                  "eligibility_trace", "episodic_cumsum", "affine_scan"])
+def test_every_drawn_case_repeats_exactly(name, backend):
+    """Any case of the property tests (layouts, flag styles and dtypes, coefficient forms,
+    time_dim), called three times with fresh plans: the full path, then its plan, then the
+    plan's generated function give the same bits, the oracle's values, and leave the inputs."""
+    from hypothesis import given, settings
+
+    from helpers import ALL_CASES, check_case, n_examples
+
+    @settings(max_examples=n_examples(40 if backend == "cpu" else 12), deadline=None)
+    @given(case=ALL_CASES[name]())
+    def repeats(case):
+        plans.clear()
+        first = case.call(backend)
+        for _ in range(2):
+            check_case(case, backend)
+            again = case.call(backend)
+            for a, b in zip(first, again):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+    repeats()
