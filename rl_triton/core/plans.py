@@ -321,6 +321,11 @@ class Plan:
         for j, (make, i, *_) in enumerate(self.outputs):
             if make is None:
                 lines.append(f"o{j} = {var['out', None if self.single else i]}")
+            elif make.func is _new_output:  # spelled out: torch.empty_strided with the layout's arguments
+                shape, strides, dtype, device = make.args
+                namespace.update({f"_shape{j}": shape, f"_strides{j}": strides, f"_dtype{j}": dtype,
+                                  f"_device{j}": device, "_empty_strided": torch.empty_strided})
+                lines.append(f"o{j} = _empty_strided(_shape{j}, _strides{j}, dtype=_dtype{j}, device=_device{j})")
             else:
                 namespace[f"_make{j}"] = make
                 lines.append(f"o{j}, w{j} = _make{j}()")

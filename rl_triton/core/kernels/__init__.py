@@ -326,17 +326,19 @@ class Launch:
                 namespace[f"_a{slot}"] = template
                 items.append(f"_a{slot}")
         n = self.n_args
+        runtime = [f"_r{i}" for i in range(len(self.runtime))]
+        namespace.update(zip(runtime, self.runtime))
         namespace.update(_hooks_active=_hooks_active, _empty=torch.empty, _stream=_stream_getter(),
-                         _device=self.device, _idx=self.idx, _grid=self.config.grid, _runtime=self.runtime,
-                         _ws_size=self.ws_size, _ws_dtype=self.ws_dtype)
+                         _device=self.device, _index=self.device_index, _idx=self.idx, _g0=self.config.grid[0],
+                         _g1=self.config.grid[1], _ws_size=self.ws_size, _ws_dtype=self.ws_dtype)
         if self.device_index is not None:  # a CUDA device (tests stand CPU tensors in for one)
             namespace["_get_device"] = torch._C._cuda_getDevice
         assumed = [p for p, a in zip(pointers, aligned) if a]
         lines = [
             f"if ({' | '.join(assumed) or '0'}) & 15 or _hooks_active()"
-            + (" or _get_device() != _device.index:" if self.device_index is not None else ":"),
+            + (" or _get_device() != _index:" if self.device_index is not None else ":"),
             "    return None",
-            "_s = _stream(_device.index)",
+            "_s = _stream(_index)",
             f"_ws = {pointers[0]}" if not self.ws_size else
             "_ws = _empty(_ws_size, dtype=_ws_dtype, device=_device).data_ptr()",
         ]
@@ -344,9 +346,10 @@ class Launch:
             constexprs = self.config.constexprs[phase]
             names = [f"_c{phase}_{i}" for i in range(len(constexprs))]
             namespace.update(zip(names, constexprs))
-            namespace[f"_k{phase}"] = kernel
-            lines.append(f"_k{phase}.run(_grid[0], _grid[1], 1, _s, _k{phase}.function, _k{phase}.packed_metadata, "
-                         f"None, None, None, ({', '.join(items[:n])},), ({', '.join(items[n:])},), _ws, *_runtime, "
+            namespace.update({f"_k{phase}": kernel.run, f"_f{phase}": kernel.function,
+                              f"_m{phase}": kernel.packed_metadata})
+            lines.append(f"_k{phase}(_g0, _g1, 1, _s, _f{phase}, _m{phase}, None, None, None, "
+                         f"({', '.join(items[:n])},), ({', '.join(items[n:])},), _ws, {', '.join(runtime)}, "
                          f"{', '.join(names)}, _idx)")
         return lines
 
