@@ -357,7 +357,7 @@ def _flag_bytes(x: torch.Tensor) -> np.ndarray:
     """A flag tensor as a 0/1 uint8 numpy array of its shape: bool and int8 viewed, others
     converted in one numba pass."""
     if x.dtype == torch.bool or x.dtype == torch.int8:
-        return x.numpy().view(np.uint8)
+        return _numpy_bytes(x)
     if x.dtype == torch.uint8:
         return x.numpy()
     a = _dense(x)

@@ -249,15 +249,21 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
-    (a_lo, a_hi), (b_lo, b_hi) = _byte_range(a), _byte_range(b)
+    (a_lo, a_hi), (b_lo, b_hi) = byte_range(a), byte_range(b)
     return a_lo < b_hi and b_lo < a_hi
 
 
-def _byte_range(x: torch.Tensor) -> tuple[int, int]:
-    start = x.data_ptr()
-    lo = sum(st * (sz - 1) for st, sz in zip(x.stride(), x.shape) if st < 0)
-    hi = sum(st * (sz - 1) for st, sz in zip(x.stride(), x.shape) if st > 0)
-    return start + lo * x.element_size(), start + (hi + 1) * x.element_size()
+def byte_span(x: torch.Tensor) -> tuple[int, int]:
+    """(lowest, one past the highest) byte offset from ``x.data_ptr()`` that ``x`` reaches."""
+    lo = sum(st * (sz - 1) for st, sz in zip(x.stride(), x.shape) if st < 0 and sz > 0)
+    hi = sum(st * (sz - 1) for st, sz in zip(x.stride(), x.shape) if st > 0 and sz > 0)
+    return lo * x.element_size(), (hi + 1) * x.element_size()
+
+
+def byte_range(x: torch.Tensor) -> tuple[int, int]:
+    """The addresses ``x`` reaches: (lowest, one past the highest)."""
+    lo, hi = byte_span(x)
+    return x.data_ptr() + lo, x.data_ptr() + hi
 
 
 def align_leading(x: torch.Tensor | None, ref_ndim: int, tdim: int) -> torch.Tensor | None:

@@ -149,13 +149,6 @@ def _sources(values: dict):
     return found
 
 
-def _byte_span(x: torch.Tensor) -> tuple[int, int]:
-    """(lowest, one past the highest) byte offset from ``x.data_ptr()`` that ``x`` reaches."""
-    lo = sum(st * (sz - 1) for st, sz in zip(x.stride(), x.shape) if st < 0 and sz > 0)
-    hi = sum(st * (sz - 1) for st, sz in zip(x.stride(), x.shape) if st > 0 and sz > 0)
-    return lo * x.element_size(), (hi + 1) * x.element_size()
-
-
 _AMBIGUOUS = object()
 
 
@@ -163,14 +156,13 @@ def _locate(view: torch.Tensor, name: str, sources):
     """(source position, byte offset) of a kernel view in the caller's tensors: the one tensor
     whose memory holds it (by name where several do); None where none does, _AMBIGUOUS where
     several do."""
-    lo, hi = _byte_span(view)
-    lo, hi = view.data_ptr() + lo, view.data_ptr() + hi
+    lo, hi = inputs.byte_range(view)
     found = []
     for k, ((src_name, _), x) in enumerate(sources):
         if x.device != view.device or x.dtype != view.dtype:
             continue
-        x_lo, x_hi = _byte_span(x)
-        if x.data_ptr() + x_lo <= lo and hi <= x.data_ptr() + x_hi and (
+        x_lo, x_hi = inputs.byte_range(x)
+        if x_lo <= lo and hi <= x_hi and (
                 x.untyped_storage().data_ptr() == view.untyped_storage().data_ptr()):
             found.append((k, src_name))
     if len(found) > 1:
@@ -226,7 +218,7 @@ class Plan:
         plan = cls()
         plan.positional = positional
         plan.sources = [loc for loc, _ in sources]
-        plan.spans = [_byte_span(x) for _, x in sources]
+        plan.spans = [inputs.byte_span(x) for _, x in sources]
         # each output given by the caller, with the other tensors of the call it must not meet
         plan.out_sources = [(j, [k for k in range(len(sources)) if k != j])
                             for j, ((name, _), _) in enumerate(sources) if name == "out"]
@@ -395,9 +387,7 @@ class Plan:
             for k in self.arrays:
                 seen_as[k] = sources[k].numpy()
         for pos, k, offset, shape, strides, seen in self.slots:
-            a = seen_as[k]
-            args[pos] = a if seen == SAME else a.T if seen == TRANSPOSED else _seen_as(
-                a, sources[k], offset, shape, strides, seen)
+            args[pos] = _seen_as(seen_as[k], sources[k], offset, shape, strides, seen)
         self.launch.launch(args, views)
 
     def _overlap(self, sources) -> bool:

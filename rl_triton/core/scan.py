@@ -84,7 +84,7 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
     if c.empty:
         return c.empty_outputs()
     if fused:  # the kernels read alpha and beta in any float dtype; a number beta is a constant
-        return c.run_fused(spec.AFFINE_SCAN, alpha=c.r(alpha), beta=beta if number else c.r(beta), carry=c.r_row(initial),
-                           reverse=reverse)
+        return c.run_fused(spec.AFFINE_SCAN, alpha=c.r(alpha), beta=beta if number else c.r(beta),
+                           carry=c.r_row(initial), reverse=reverse)
     carry = c.f_row(initial)
     return c.results([scan(c.f(alpha), c.f(beta_t), carry, reverse, c.backend)])

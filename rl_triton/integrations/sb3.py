@@ -82,7 +82,7 @@ def compute_returns_and_advantage(self, last_values: torch.Tensor, dones: np.nda
         self.returns = np.add(self.advantages, self.values, out=returns)
         return
     adv, _ = gae(rewards, values, **kw)
-    np.copyto(self.advantages, adv.numpy() if device.type == "cpu" else adv.cpu().numpy())
+    np.copyto(self.advantages, adv.cpu().numpy())
     # SB3's own expression, so that returns == advantages + values holds to the bit
     self.returns = self.advantages + self.values
 

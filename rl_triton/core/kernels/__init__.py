@@ -239,7 +239,6 @@ class Launch:
         # per tensor position: what follows its data pointer in the engine's argument
         self.tails = tuple((slot, (0, 0) if slot in self.constants else templates[slot]) for slot in self.tensor_slots)
         self.device_index = device.index if device.type == "cuda" else None
-        self.stream = None  # Triton's current-stream function, looked up at the first direct launch
 
     def _key(self, aligned):
         keys = list(self.keys)
@@ -292,11 +291,8 @@ class Launch:
         n = self.n_args
         ins, outs = tuple(direct[:n]), tuple(direct[n:])
         grid, constexprs = self.config.grid, self.config.constexprs
-        if self.stream is None:
-            self.stream = _stream_getter()
-        other = self.device_index is not None and self.device_index != torch._C._cuda_getDevice()
-        with torch.cuda.device(self.device) if other else contextlib.nullcontext():
-            stream = self.stream(self.device_index)
+        with self._on_device():
+            stream = _stream_getter()(self.device_index)
             ws_ptr = ptrs[0] if not self.ws_size else self._workspace(None).data_ptr()
             for phase, kernel in zip(self.phases, kernels):
                 kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
@@ -360,7 +356,7 @@ class Launch:
         return torch.empty(self.ws_size, dtype=self.ws_dtype, device=self.device)
 
     def _on_device(self):
-        other = self.device.type == "cuda" and self.device.index != torch._C._cuda_getDevice()
+        other = self.device_index is not None and self.device_index != torch._C._cuda_getDevice()
         return torch.cuda.device(self.device) if other else contextlib.nullcontext()
 
 
