@@ -1,7 +1,8 @@
 """Where the host time of one GPU call goes: launch throughput (calls issued back to back, one
 synchronize at the end, per call) of an empty Triton kernel, the engine launched directly with
-prepared arguments, ``kernels.run`` on validated views, and the public ``rl_triton.gae``; then a
-cProfile of the public call. ``--cpu`` does the same for the numba backend on CPU tensors, with
+prepared arguments, ``kernels.run`` on validated views, the function a call plan generates for
+the signature called directly (what an explicit reusable handle would cost: no signature key),
+and the public ``rl_triton.gae``; then a cProfile of the public call. ``--cpu`` does the same for the numba backend on CPU tensors, with
 a row for the Python above the backend alone (``cpu.run`` replaced by a no-op).
 
     python benchmarks/host_overhead.py [--shape 4096x128] [--profile 25] [--cpu]
@@ -18,7 +19,7 @@ import torch
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # after PYTHONPATH: another checkout can be timed
 import rl_triton as rt  # noqa: E402
-from rl_triton.core import cpu, kernels, spec  # noqa: E402
+from rl_triton.core import cpu, kernels, plans, spec  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import parser  # noqa: E402
@@ -55,6 +56,17 @@ def _stubbed(fn):
     return call
 
 
+def _generated(kwargs):
+    """The function the call plan of ``rl_triton.gae(**kwargs)`` generated, called without the
+    signature key."""
+    plans.clear()
+    for _ in range(3):
+        rt.gae(**kwargs)
+    (plan,) = [p for p in plans._plans.values() if p is not plans._NO_PLAN]
+    assert plan.hit is not None, "no generated function for this signature"
+    return lambda: plan.hit((), kwargs)
+
+
 def main():
     p = parser(__doc__)
     p.add_argument("--shape", default="4096x128", help="ROWSxT of the GAE call")
@@ -68,17 +80,20 @@ def main():
     bv = torch.randn(R, device=dev)
     adv, ret = torch.empty_like(r), torch.empty_like(r)
     x = torch.empty(1, device=dev)
-    call = lambda: rt.gae(r, v, bootstrap_value=bv, terminated=term)  # noqa: E731
-    call_out = lambda: rt.gae(r, v, bootstrap_value=bv, terminated=term, out=(adv, ret))  # noqa: E731
+    kwargs = dict(rewards=r, values=v, bootstrap_value=bv, terminated=term)
+    call = lambda: rt.gae(**kwargs)  # noqa: E731
+    call_out = lambda: rt.gae(**kwargs, out=(adv, ret))  # noqa: E731
     views = spec.GAE.bind(rewards=r, values=v, bootstrap_value=bv, terminated=term, gamma=0.99, lmbda=0.95)
     if args.cpu:
         rows = [("cpu.run on validated [R, T] views", lambda: cpu.run(spec.GAE, torch.float32, views, (adv, ret))),
                 ("rl_triton.gae(..., out=), cpu.run a no-op", _stubbed(call_out)),
+                ("generated function of the plan, no key", _generated(kwargs)),
                 ("rl_triton.gae(..., out=)", call_out),
                 ("rl_triton.gae(...)", call)]
     else:
         rows = [("empty Triton kernel (1 argument)", lambda: _empty_kernel[(1,)](x)),
                 ("kernels.run on validated [R, T] views", lambda: kernels.run(spec.GAE, views, (adv, ret))),
+                ("generated function of the plan, no key", _generated(kwargs)),
                 ("rl_triton.gae(..., out=)", call_out),
                 ("rl_triton.gae(...)", call)]
     print(f"launch throughput at {R}x{T} (us per call, calls back to back):")
