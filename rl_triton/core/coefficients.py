@@ -26,6 +26,12 @@ def gae(r, v, nv, nterm, ndone, g, l):
     return r + where(nterm == 0, 0.0, g * nterm * nv) - v, where(ndone == 0, 0.0, g * l * ndone)
 
 
+def masked_gae(r, v, nv, m, g, l):
+    """GAE skipping masked steps: where m, delta = r + g*nv - v and beta = g*l (nv: the value of
+    the next unmasked step); where not, (0, 1), which passes the carried advantage on."""
+    return where(m == 0, 0.0, r + g * nv - v), where(m == 0, 1.0, g * l * m)
+
+
 def td_lambda_return(r, nv, nterm, ndone, g, l):
     """G[t] = r + g*(1-term)*((1-l)*nv + l*G'[t+1]); G' = nv where done (carry nv[T-1])."""
     return r + where(nterm == 0, 0.0, g * nterm * nv * (1.0 - l * ndone)), where(ndone == 0, 0.0, g * l * ndone)

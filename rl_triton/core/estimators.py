@@ -12,23 +12,32 @@ from __future__ import annotations
 import torch
 
 from . import coefficients as C
-from . import inputs, plans, scan, spec
+from . import inputs, launch, plans, scan, spec
 from .call import TRUNCATION_HELP, Call
 
 
 @plans.cached
 def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=None, truncated=None,
         done=None, gamma=0.99, lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None,
-        last_done=None):
+        last_done=None, mask=None, mask_mode="skip"):
     """Generalized advantage estimation.
 
     delta[t] = r[t] + gamma*(1-terminated[t])*V(s_{t+1}) - V(s_t)
     A[t] = delta[t] + gamma*lmbda*(1-done[t])*A[t+1],  A[T] = 0
 
-    Returns ``(advantages, value_targets = advantages + values)``.
+    With a token ``mask`` (LLM responses; docs/semantics.md, section 9): ``mask_mode="skip"``
+    (verl) skips masked steps in time: nv[t] = V of the next unmasked step (bootstrap_value, or
+    0, past the last), A[t] = m[t]*(r[t] + gamma*nv[t] - V(s_t)) + (m[t]*gamma*lmbda + 1 - m[t])*A[t+1];
+    ``mask_mode="pad"`` (TRL, OpenRLHF) reads rewards and values as 0 where the mask is 0.
+
+    Returns ``(advantages, value_targets = advantages + values)`` (pad: the zeroed values).
     """
     c = Call(rewards, "rewards", time_dim)
     c.value(values, "values")
+    if mask is not None or mask_mode != "skip":
+        return _masked_gae(c, rewards, values, mask, mask_mode, bootstrap_value, gamma, lmbda, backend, out,
+                           next_values=next_values, terminated=terminated, truncated=truncated, done=done,
+                           episode_starts=episode_starts, last_done=last_done)
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     c.next_value_form(next_values, bootstrap_value)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
@@ -42,6 +51,50 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     nterm, ndone = c.composed_flags()
     nv = c.composed_next_values(values, next_values, bootstrap_value)
     alpha, beta = C.gae(c.f(rewards), v, nv, nterm, ndone, c.f(g), c.f(l))
+    adv = scan.scan(alpha, beta, c.f_row(None), True, c.backend)
+    return c.results([adv, adv + v])
+
+
+def _masked_gae(c, rewards, values, mask, mask_mode, bootstrap_value, gamma, lmbda, backend, out, **unsupported):
+    if not isinstance(mask_mode, str) or mask_mode not in spec.MASK_MODES:
+        raise ValueError(f"mask_mode must be one of {sorted(spec.MASK_MODES)}, got {mask_mode!r}")
+    if mask is None:
+        raise ValueError(f"mask_mode={mask_mode!r} needs a mask")
+    given = [name for name, x in unsupported.items() if x is not None]
+    if given:
+        raise ValueError(f"mask does not combine with {', '.join(given)}: a response mask marks the steps of one "
+                         "sequence, which ends at the window end (bootstrap_value, or 0)")
+    mask = c.rows.flag(mask, "mask")
+    c._check_binary(mask=mask)
+    c.per_row(bootstrap_value, "bootstrap_value")
+    g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
+    mode = spec.MASK_MODES[mask_mode]
+    fused = c.start(backend, out, 2)
+    if c.empty:
+        return c.empty_outputs()
+    if fused:
+        carried = None
+        if mode == spec.MASK_SKIP and c.backend == "triton":
+            # the value of the next unmasked step, scanned first (numba carries it in its loop);
+            # two launches: the call keeps no plan
+            c.plannable = False
+            carried, = launch.run(spec.NEXT_VALID, c.backend, c.cd, spec.NEXT_VALID.bind(
+                values=c.r(values), mask=c.r(mask), carry=c.r_row(bootstrap_value)), c.rows, [None])
+            carried = c.r(carried)
+        return c.run_fused(spec.MASKED_GAE, rewards=c.r(rewards), values=c.r(values), carried=carried,
+                           bootstrap_value=c.r_row(bootstrap_value), mask=c.r(mask), gamma=c.r(g), lmbda=c.r(l),
+                           mask_mode=mode)
+    m = c.r(mask) != 0
+    r, v, boot = c.f(rewards), c.f(values), c.f_row(bootstrap_value)
+    if mode == spec.MASK_SKIP:
+        carried = scan.scan(torch.where(m, v, 0.0), (~m).to(c.cd), boot, True, c.backend)
+        nv = torch.cat([carried[:, 1:], boot[:, None]], 1)
+        alpha, beta = C.masked_gae(r, v, nv, m.to(c.cd), c.f(g), c.f(l))
+    else:
+        v = torch.where(m, v, 0.0)
+        ones = torch.ones_like(v)
+        alpha, beta = C.gae(torch.where(m, r, 0.0), v, torch.cat([v[:, 1:], boot[:, None]], 1), ones, ones,
+                            c.f(g), c.f(l))
     adv = scan.scan(alpha, beta, c.f_row(None), True, c.backend)
     return c.results([adv, adv + v])
 

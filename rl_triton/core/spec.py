@@ -9,7 +9,8 @@ Argument kinds:
   absent;
 - ``s``: a float number; ``b``: a bool;
 - ``i``: a mode integer for the numba kernels, derived from which inputs are present
-  (:meth:`Algorithm.bind` fills it; Triton reads the same from which inputs are None).
+  (:meth:`Algorithm.bind` fills it; Triton reads the same from which inputs are None), except
+  ``mask_mode``, which the caller passes (Triton compiles one kernel per value).
 
 An argument named ``carry`` is the value beyond the window edge, where the scan starts (0 when
 an algorithm has none); it is always the third argument (``CARRY``), so one Triton INIT loads it
@@ -41,6 +42,10 @@ NV_EXPLICIT, NV_IMPLIED = 0, 1
 DONE_ARRAY, DONE_TERM_OR_TRUNC, DONE_OBS_ALIGNED = 0, 1, 2
 # how Retrace's expected next value is read: given, or summed over next_pi * next_q
 EV_GIVEN, EV_PAIRS = 0, 1
+# how a token mask acts (docs/semantics.md, section 9): masked steps are skipped in time (verl), or
+# their rewards and values are zeroed (TRL, OpenRLHF)
+MASK_SKIP, MASK_PAD = 0, 1
+MASK_MODES = {"skip": MASK_SKIP, "pad": MASK_PAD}
 
 
 def _modes(kw: dict) -> dict:
@@ -90,9 +95,9 @@ class Algorithm:
 
     def bind(self, **kw):
         """The arguments by name (absent ones None), the mode integers filled in."""
-        if self.modes:
+        if self.modes:  # mask_mode is the caller's choice; the others follow from the inputs
             modes = _modes(kw)
-            kw.update((m, modes[m]) for m in self.modes)
+            kw.update((m, modes[m]) for m in self.modes if m in modes)
         return self.Args(**kw)
 
     def __repr__(self):
@@ -132,6 +137,23 @@ RETRACE = Algorithm(
      *FLAGS, *_f2("gamma", "lmbda"), Arg("c_bar", "s"), Arg("ev_mode", "i"), Arg("done_mode", "i")),
     ("q_targets",), reverse=True)
 
+# GAE over the tokens of a response mask. Skip: a masked step keeps the carried advantage and
+# next value (alpha 0, beta 1); ``carried`` holds, where given, the value of the first unmasked step
+# at or after each t (NEXT_VALID's output: the Triton path computes it first, numba carries it in
+# its loop). Pad: rewards and values read as 0 where the mask is 0.
+MASKED_GAE = Algorithm(
+    "masked_gae",
+    (*_f2("rewards", "values", "carried"), Arg("bootstrap_value", "f1"), Arg("mask", "u2"), *_f2("gamma", "lmbda"),
+     Arg("mask_mode", "i")),
+    ("advantages", "value_targets"), reverse=True)
+
+# y[t] = values[s] at the first s >= t where the mask is set, or the carry (the bootstrap value)
+# where none is
+NEXT_VALID = Algorithm(
+    "next_valid",
+    (*_f2("values"), Arg("mask", "u2"), Arg("carry", "f1")),
+    ("carried",), reverse=True)
+
 ELIGIBILITY_TRACE = Algorithm(
     "eligibility_trace",
     (*_f2("x"), Arg("done", "u2"), Arg("carry", "f1"), *_f2("gamma", "lmbda")),
@@ -143,4 +165,4 @@ AFFINE_SCAN = Algorithm(
     ("y",), reverse=None)
 
 ALGORITHMS = {a.name: a for a in (GAE, TD_LAMBDA_RETURN, DISCOUNTED_RETURN, VTRACE, RETRACE, ELIGIBILITY_TRACE,
-                                  AFFINE_SCAN)}
+                                  AFFINE_SCAN, MASKED_GAE, NEXT_VALID)}

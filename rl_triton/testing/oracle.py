@@ -32,6 +32,7 @@ __all__ = [
     "eligibility_trace",
     "episodic_cumsum",
     "gae",
+    "gae_masked",
     "implied_next_values",
     "retrace",
     "td_lambda_return",
@@ -110,6 +111,53 @@ def gae(rewards, values, next_values, term, done, gamma, lmbda):
         for t in range(T):
             targets[i, t] = adv[i, t] + v[i, t]
     return adv, targets
+
+
+@_ieee
+def gae_masked(rewards, values, mask, gamma, lmbda, mode="skip", bootstrap=None):
+    """GAE over response tokens (docs/semantics.md, section 9), one row at a time.
+
+    skip: a masked step is not a step: the TD error of an unmasked step t uses the value of the
+    next unmasked step (``bootstrap``, default 0, past the last one) and its advantage adds
+    gamma*lmbda times the advantage of that step; a masked step holds the advantage of the next
+    unmasked step (0 past the last). Value targets: advantage + value at every step.
+    pad: rewards and values read as 0 where the mask is 0, then plain GAE to the window end
+    (``bootstrap`` past it); value targets: advantage + the zeroed value.
+    Returns (advantages, value_targets)."""
+    r, v, g, l = _f(rewards), _f(values), _f(gamma), _f(lmbda)
+    m = _b(mask)
+    R, T = r.shape
+    boot = np.zeros(R) if bootstrap is None else _f(bootstrap)
+    adv, tgt = np.zeros((R, T)), np.zeros((R, T))
+    for i in range(R):
+        if mode == "skip":
+            valid = [t for t in range(T) if m[i, t]]
+            following = {}  # unmasked step -> the next unmasked step (None past the last)
+            for k, t in enumerate(valid):
+                following[t] = valid[k + 1] if k + 1 < len(valid) else None
+            a_of = {}
+            for t in reversed(valid):
+                n = following[t]
+                nv = boot[i] if n is None else v[i, n]
+                a = r[i, t] + g[i, t] * nv - v[i, t]
+                if n is not None and g[i, t] * l[i, t] != 0:
+                    a = a + g[i, t] * l[i, t] * a_of[n]
+                a_of[t] = a
+            for t in range(T):
+                later = [s for s in valid if s >= t]
+                adv[i, t] = a_of[later[0]] if later else 0.0
+                tgt[i, t] = adv[i, t] + v[i, t]
+        else:
+            rr = np.where(m[i], r[i], 0.0)
+            vv = np.where(m[i], v[i], 0.0)
+            a = 0.0
+            for t in reversed(range(T)):
+                nv = boot[i] if t == T - 1 else vv[t + 1]
+                delta = rr[t] + g[i, t] * nv - vv[t]
+                a = delta + (g[i, t] * l[i, t] * a if (t < T - 1 and g[i, t] * l[i, t] != 0) else 0.0)
+                adv[i, t] = a
+                tgt[i, t] = a + vv[t]
+    return adv, tgt
 
 
 @_ieee

@@ -34,6 +34,8 @@ VTRACE = _positions(spec.VTRACE)
 RETRACE = _positions(spec.RETRACE)
 ELIGIBILITY_TRACE = _positions(spec.ELIGIBILITY_TRACE)
 AFFINE_SCAN = _positions(spec.AFFINE_SCAN)
+MASKED_GAE = _positions(spec.MASKED_GAE)
+NEXT_VALID = _positions(spec.NEXT_VALID)
 CARRY = tl.constexpr(spec.CARRY)  # the carry argument, where an algorithm has one
 
 
@@ -50,6 +52,7 @@ def _jit_shared(fn):
 
 
 _gae = _jit_shared(C.gae)
+_masked_gae = _jit_shared(C.masked_gae)
 _td_lambda_return = _jit_shared(C.td_lambda_return)
 _discounted_return = _jit_shared(C.discounted_return)
 _vtrace = _jit_shared(C.vtrace)
@@ -143,6 +146,42 @@ def gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
 def gae_store(ins, outs, rows, t, mask, y, y_prev, v, T, ACC: tl.constexpr):
     store(outs[GAE.advantages], rows, t, mask, y)
     store(outs[GAE.value_targets], rows, t, mask, y + v)
+
+
+@triton.jit
+def masked_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
+    m = load_flag(ins[MASKED_GAE.mask], rows, t, mask)
+    r = load(ins[MASKED_GAE.rewards], rows, t, mask, ACC)
+    v = load(ins[MASKED_GAE.values], rows, t, mask, ACC)
+    g = coef(ins[MASKED_GAE.gamma], rows, t, mask, ACC)
+    l = coef(ins[MASKED_GAE.lmbda], rows, t, mask, ACC)
+    if ins[MASKED_GAE.carried] is not None:
+        # skip: the next unmasked step's value is carried[t+1] (the bootstrap value at t = T-1)
+        nv = _next_value(None, ins[MASKED_GAE.carried], ins[MASKED_GAE.bootstrap_value], rows, t, mask, T, ACC)
+        alpha, beta = _masked_gae(r, v, nv, tl.where(m, 1.0, 0.0).to(ACC), g, l)
+        return alpha, beta, v
+    else:
+        # pad: rewards and values are 0 where the mask is 0, the next value too
+        last = (t == T - 1)[None, :]
+        m_next = load_flag(ins[MASKED_GAE.mask], rows, t + 1, mask & ~last) | last
+        nv = _next_value(None, ins[MASKED_GAE.values], ins[MASKED_GAE.bootstrap_value], rows, t, mask, T, ACC)
+        v = tl.where(m, v, 0.0)
+        ones = tl.full(v.shape, 1.0, ACC)
+        alpha, beta = _gae(tl.where(m, r, 0.0), v, tl.where(m_next, nv, 0.0), ones, ones, g, l)
+        return alpha, beta, v
+
+
+@triton.jit
+def masked_gae_store(ins, outs, rows, t, mask, y, y_prev, v, T, ACC: tl.constexpr):
+    store(outs[MASKED_GAE.advantages], rows, t, mask, y)
+    store(outs[MASKED_GAE.value_targets], rows, t, mask, y + v)
+
+
+@triton.jit
+def next_valid_build(ins, rows, t, mask, T, ACC: tl.constexpr):
+    m = load_flag(ins[NEXT_VALID.mask], rows, t, mask)
+    v = load(ins[NEXT_VALID.values], rows, t, mask, ACC)
+    return tl.where(m, v, 0.0), tl.where(m, 0.0, 1.0).to(ACC), 0
 
 
 @triton.jit

@@ -1,0 +1,195 @@
+"""Masked whitening: the advantage normalisation of LLM RL trainers (verl, OpenRLHF), over the
+valid elements of one tensor or of every rank of a ``torch.distributed`` process group.
+
+Plain torch ops on any device: two reductions for the statistics, one elementwise pass for the
+output, and with a group one collective in between. No host synchronisation anywhere (no
+``.item()``, no branch on a tensor value), so an empty or one-element selection gives NaN
+instead of an exception. Semantics: docs/semantics.md.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import torch
+
+from . import inputs
+
+EPS_MODES = ("add", "clamp")
+
+
+def masked_moments(x, mask=None, *, group=None):
+    """The statistics that :func:`masked_whiten` normalises with: ``(count, mean, m2)``.
+
+    Over the valid elements of ``x`` (``mask`` nonzero; every element when ``mask`` is None),
+    on this process or, with ``group``, on every rank of that process group:
+
+        count = n = number of valid elements
+        mean      = sum(x[valid]) / n
+        m2        = sum((x[valid] - mean)**2)
+
+    Three 0-d tensors on ``x``'s device: ``count`` int64, ``mean`` and ``m2`` in float32
+    (float64 for float64 ``x``). ``n = 0`` gives ``mean = NaN`` (0/0) and ``m2 = 0``; nothing
+    raises. Values at positions outside the mask are never read into the sums, NaN included.
+    ``group`` is a ``torch.distributed`` ProcessGroup (e.g. ``dist.group.WORLD``) or None for
+    this process alone; each rank passes its own shard, and all ranks get the same statistics
+    from one collective (an all-gather of each rank's ``(n, mean, m2)``, combined by Chan et
+    al.'s parallel formula in float64).
+    """
+    x, mask, group = _check_x_mask_group(x, mask, group)
+    cd = inputs.compute_dtype(x.dtype)
+    n, mean, m2 = _local_moments(x, mask, cd)
+    if group is None:
+        return n, mean, m2
+    n, mean, m2 = _combine(n, mean, m2, group)
+    return n.to(torch.int64), mean.to(cd), m2.to(cd)
+
+
+def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, eps=1e-8, eps_mode="add",
+                  group=None, out=None) -> torch.Tensor:
+    """Whiten ``x`` with the mean and variance of its valid elements.
+
+    Statistics over the valid elements (``mask`` nonzero; all elements when ``mask`` is None) of the
+    whole tensor, any shape, and with ``group`` over the valid elements of every rank (see
+    :func:`masked_moments`):
+
+        n = count, mean = sum(x[valid]) / n, M2 = sum((x[valid] - mean)**2)
+        var  = M2 / (n - 1)                       if unbiased (default) else M2 / n
+        rstd = 1 / sqrt(var + eps)                eps_mode="add"   (verl's masked_whiten)
+             = 1 / sqrt(max(var, eps))            eps_mode="clamp" (OpenRLHF's normalisation)
+             = 1                                  scale=False      (OpenRLHF's no_advantage_std_norm)
+        y = (x - mean) * rstd,  then y + mean     if not shift_mean
+
+    ``y`` covers every position, the masked ones included (same ``mean`` and ``rstd``), and has
+    ``x``'s shape and dtype; statistics accumulate in float32 (float64 for float64 ``x``), mean
+    first, then the sum of squared deviations. verl: the defaults. OpenRLHF: ``unbiased=False,
+    eps_mode="clamp"``, plus ``scale=False`` for ``--no_advantage_std_norm``.
+
+    No host synchronisation, hence no error for a degenerate selection: ``n = 0`` makes every
+    output NaN (mean = 0/0), and so does ``n = 1`` with ``unbiased=True`` (var = 0/0). A NaN at
+    a valid position makes every output NaN; one outside the mask does not touch the statistics.
+    ``mask``: bool, integer or float, ``x``'s shape and device; nonzero marks a valid element
+    (weights are not applied). ``out``: ``x``'s shape, dtype and device; may be ``x`` itself.
+    Differentiable without ``out`` and ``group``.
+    """
+    x, mask, group = _check_x_mask_group(x, mask, group)
+    for name, flag in (("unbiased", unbiased), ("shift_mean", shift_mean), ("scale", scale)):
+        if type(flag) is not bool:
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if isinstance(eps, bool) or not isinstance(eps, Real):
+        raise TypeError(f"eps must be a number, got {type(eps).__name__}")
+    eps = float(eps)
+    if math.isnan(eps) or eps < 0:
+        raise ValueError(f"eps must be a number >= 0, got {eps}")
+    if not isinstance(eps_mode, str) or eps_mode not in EPS_MODES:
+        raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
+    grad = torch.is_grad_enabled() and x.requires_grad
+    if out is not None:
+        _check_out(out, x)
+        if grad:
+            raise ValueError("out= does not support autograd; call without out= to get gradients")
+
+    cd = inputs.compute_dtype(x.dtype)
+    n, mean, m2 = _local_moments(x, mask, cd)
+    if group is not None:
+        n, mean, m2 = _combine(n, mean, m2, group)
+    rstd = None
+    if scale:
+        var = m2 / (n - 1) if unbiased else m2 / n
+        rstd = torch.rsqrt(var + eps if eps_mode == "add" else var.clamp(min=eps)).to(cd)
+    mean = mean.to(cd)
+
+    xf = x if x.dtype == cd else x.to(cd)
+    y = xf - mean  # fresh memory: the in-place steps below never write to x
+    if rstd is not None:
+        y = y * rstd if grad else y.mul_(rstd)
+    if not shift_mean:
+        y = y + mean if grad else y.add_(mean)
+    if out is None:
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+    return out.copy_(y)  # y is complete before out (possibly x) is written
+
+
+# -- statistics ------------------------------------------------------------------------------
+def _local_moments(x: torch.Tensor, mask: torch.Tensor | None, cd: torch.dtype):
+    """(n int64, mean, m2) of this process's valid elements, in ``cd``; two passes over x."""
+    xf = x if x.dtype == cd else x.to(cd)
+    if mask is None:
+        n = torch.full((), x.numel(), dtype=torch.int64, device=x.device)
+        mean = xf.sum() / n
+        dev = xf - mean
+    else:
+        valid = mask if mask.dtype == torch.bool else mask != 0
+        n = valid.sum()
+        zero = torch.zeros((), dtype=cd, device=x.device)
+        mean = torch.where(valid, xf, zero).sum() / n  # where, not x * mask: NaN outside the mask stays out
+        dev = torch.where(valid, xf - mean, zero)
+    return n, mean, (dev * dev).sum()
+
+
+def _combine(n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, group):
+    """The statistics of every rank's valid elements: one all-gather of each rank's (n, mean, m2)
+    in float64 (24 bytes a rank), then Chan et al.'s parallel formula,
+
+        N = sum n_i,  mean = sum n_i mean_i / N,  M2 = sum (M2_i + n_i (mean_i - mean)**2),
+
+    over the ranks with n_i > 0 (an empty rank's mean is NaN and must not enter the sums).
+    Returns float64 tensors (float32 where the device has no float64)."""
+    import torch.distributed as dist
+
+    xd = torch.float32 if mean.device.type == "mps" else torch.float64
+    local = torch.stack((n.to(xd), mean.to(xd), m2.to(xd)))
+    world = dist.get_world_size(group)
+    gathered = torch.empty(world * 3, dtype=xd, device=local.device)
+    # all_gather_single is all_gather_into_tensor's newer name (torch >= 2.13 deprecates the old one)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(gathered, local, group=group)
+    n_i, mean_i, m2_i = gathered.view(world, 3).unbind(1)
+    some = n_i > 0
+    zero = torch.zeros((), dtype=xd, device=local.device)
+    total = n_i.sum()
+    mean = torch.where(some, n_i * mean_i, zero).sum() / total
+    m2 = torch.where(some, m2_i + n_i * (mean_i - mean).square(), zero).sum()
+    return total, mean, m2
+
+
+# -- validation ------------------------------------------------------------------------------
+def _check_x_mask_group(x, mask, group):
+    inputs.check_tensor(x, "x")
+    if mask is not None:
+        inputs.check_tensor(mask, "mask", dtypes=inputs.FLAG_DTYPES, kind="a bool, integer or float")
+        if mask.device != x.device:
+            raise ValueError(f"mask is on {mask.device} but x is on {x.device}")
+        if mask.shape != x.shape:
+            raise ValueError(f"mask must have x's shape {tuple(x.shape)}, got {tuple(mask.shape)}")
+    if group is not None:
+        _check_group(group, x)
+    return x, mask, group
+
+
+def _check_group(group, x: torch.Tensor):
+    import torch.distributed as dist
+
+    if not dist.is_available() or not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup (e.g. dist.group.WORLD) or None, "
+                        f"got {type(group).__name__}")
+    if dist.get_rank(group) < 0:
+        raise ValueError("group: this process is not a member of the process group")
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise ValueError("group= does not support autograd (the statistics of other ranks carry no gradient); "
+                         "call under torch.no_grad() or detach x")
+
+
+def _check_out(out, x: torch.Tensor):
+    inputs.check_tensor(out, "out")
+    if out.device != x.device:
+        raise ValueError(f"out is on {out.device} but x is on {x.device}")
+    if out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(f"out must have shape {tuple(x.shape)} and dtype {x.dtype}, "
+                         f"got {tuple(out.shape)} {out.dtype}")
+    if out.requires_grad:
+        raise ValueError("out requires grad: out= is written in place; pass a tensor that does not")
+    if inputs.has_internal_overlap(out):
+        raise ValueError("out has elements that share memory (an expanded or stride-0 view); "
+                         "pass a tensor whose elements are distinct")
