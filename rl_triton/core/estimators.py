@@ -12,14 +12,14 @@ from __future__ import annotations
 import torch
 
 from . import coefficients as C
-from . import inputs, launch, plans, scan, spec
+from . import inputs, launch, packed, plans, scan, spec
 from .call import TRUNCATION_HELP, Call
 
 
 @plans.cached
 def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=None, truncated=None,
         done=None, gamma=0.99, lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None,
-        last_done=None, mask=None, mask_mode="skip"):
+        last_done=None, mask=None, mask_mode="skip", cu_seqlens=None, max_seqlen=None):
     """Generalized advantage estimation.
 
     delta[t] = r[t] + gamma*(1-terminated[t])*V(s_{t+1}) - V(s_t)
@@ -32,6 +32,8 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
 
     Returns ``(advantages, value_targets = advantages + values)`` (pad: the zeroed values).
     """
+    if cu_seqlens is not None:
+        return packed.run(gae, locals(), reverse=True, n_out=2)
     c = Call(rewards, "rewards", time_dim)
     c.value(values, "values")
     if mask is not None or mask_mode != "skip":
@@ -101,12 +103,15 @@ def _masked_gae(c, rewards, values, mask, mask_mode, bootstrap_value, gamma, lmb
 
 @plans.cached
 def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, done=None, gamma=0.99,
-                     lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None):
+                     lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None,
+                     cu_seqlens=None, max_seqlen=None):
     """TD(lambda) return, restarting at every done and bootstrapping at truncations and the window end.
 
     G[t] = r[t] + gamma*(1-terminated[t])*((1-lmbda)*V(s_{t+1}) + lmbda*G'[t+1]),
     G'[t+1] = V(s_{t+1}) where done[t] or t = T-1, else G[t+1].  lmbda=1: TD(1), lmbda=0: TD(0).
     """
+    if cu_seqlens is not None:
+        return packed.run(td_lambda_return, locals(), reverse=True)
     c = Call(rewards, "rewards", time_dim)
     c.value(next_values, "next_values")
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
@@ -127,12 +132,14 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
 @plans.cached
 def discounted_return(rewards, *, terminated=None, truncated=None, done=None, next_values=None,
                       bootstrap_value=None, gamma=0.99, time_dim=-1, backend=None, out=None, episode_starts=None,
-                      last_done=None):
+                      last_done=None, cu_seqlens=None, max_seqlen=None):
     """Discounted reward-to-go within episodes.
 
     R[t] = r[t] + gamma*(1-terminated[t])*(R[t+1] if not done[t] else V(s_{t+1})),
     R[T] = bootstrap_value if given, else next_values[T-1] if given, else 0 (Monte Carlo).
     """
+    if cu_seqlens is not None:
+        return packed.run(discounted_return, locals(), reverse=True)
     c = Call(rewards, "rewards", time_dim)
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     if next_values is not None and bootstrap_value is not None:
@@ -161,7 +168,8 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
 @plans.cached
 def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value=None, terminated=None,
            truncated=None, done=None, gamma=0.99, lmbda=1.0, rho_bar=1.0, c_bar=1.0, rho_bar_pg=None,
-           time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None):
+           time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None,
+           max_seqlen=None):
     """V-trace targets and policy-gradient advantages (IMPALA).
 
     ratio = exp(log_pi - log_mu), rho = min(rho_bar, ratio), c = lmbda*min(c_bar, ratio)
@@ -169,6 +177,8 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     pg[t] = min(rho_bar_pg, ratio[t])*(r[t] + gamma*(1-term[t])*vs_next[t] - v[t]),
     vs_next[t] = vs[t+1], or V(s_{t+1}) where done[t] or t = T-1.  Returns ``(vs, pg_advantages)``.
     """
+    if cu_seqlens is not None:
+        return packed.run(vtrace, locals(), reverse=True, n_out=2)
     c = Call(rewards, "rewards", time_dim)
     c.value(values, "values")
     c.value(log_pi, "log_pi")
@@ -202,13 +212,15 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
 @plans.cached
 def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=None, next_q=None,
             terminated=None, truncated=None, done=None, gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1,
-            backend=None, out=None, episode_starts=None, last_done=None):
+            backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None, max_seqlen=None):
     """Retrace(lambda) targets for Q(s_t, a_t) (Munos et al. 2016).
 
     c[t] = lmbda*min(c_bar, exp(log_pi[t] - log_mu[t])), c[T] = 0;
     ev[t] = E_{a~pi} Q(s_{t+1}, a): ``next_expected_q``, or sum_a next_pi[..., a]*next_q[..., a];
     Q_ret[t] = r[t] + gamma*(1-term[t])*(ev[t] + (1-done[t])*c[t+1]*(Q_ret[t+1] - q[t+1])).
     """
+    if cu_seqlens is not None:
+        return packed.run(retrace, locals(), reverse=True)
     c = Call(rewards, "rewards", time_dim)
     c.value(q_values, "q_values")
     c.value(log_pi, "log_pi")
@@ -271,16 +283,22 @@ def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
 
 
 @plans.cached
-def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time_dim=-1, backend=None, out=None):
+def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time_dim=-1, backend=None, out=None,
+                      cu_seqlens=None, max_seqlen=None):
     """Accumulating eligibility trace, forward in time, reset after each done.
 
     e[t] = x[t] + gamma*lmbda*(1-done[t-1])*e[t-1], e[-1] = initial (default 0).
     ``x`` may have trailing feature dims after the time dim; ``done`` broadcasts over them.
     """
+    if cu_seqlens is not None:
+        return packed.run(eligibility_trace, locals(), reverse=False)
     return _eligibility_trace(x, done, [("gamma", gamma), ("lmbda", lmbda)], initial, time_dim, backend, out)
 
 
 @plans.cached
-def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None, out=None):
+def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None, out=None, cu_seqlens=None,
+                    max_seqlen=None):
     """Running sum within episodes, forward in time: c[t] = x[t] + (1-done[t-1])*c[t-1], c[-1] = initial."""
+    if cu_seqlens is not None:
+        return packed.run(episodic_cumsum, locals(), reverse=False)
     return _eligibility_trace(x, done, [("gamma", 1.0), ("lmbda", 1.0)], initial, time_dim, backend, out)

@@ -13,7 +13,7 @@ from numbers import Real
 
 import torch
 
-from . import inputs, launch, plans, spec
+from . import inputs, launch, packed, plans, spec
 from .call import Call
 
 
@@ -54,13 +54,19 @@ def scan(alpha, beta, carry, reverse: bool, backend: str):
 
 
 @plans.cached
-def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend=None, out=None):
+def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend=None, out=None, cu_seqlens=None,
+                max_seqlen=None):
     """Solve ``y[t] = alpha[t] + beta[t] * y[t+1]`` (``reverse=True``, ``y[T] = initial``) or
     ``y[t] = alpha[t] + beta[t] * y[t-1]`` (``reverse=False``, ``y[-1] = initial``) along ``time_dim``.
 
     ``alpha`` and ``beta`` broadcast to one shape (``beta`` may be a number); ``initial`` (default 0)
-    has that shape without the time dim. Differentiable in every tensor argument.
+    has that shape without the time dim. Differentiable in every tensor argument. With
+    ``cu_seqlens``, packed sequences along dim 0 (rl_triton/core/packed.py).
     """
+    if cu_seqlens is not None:
+        if not isinstance(reverse, bool):
+            raise TypeError(f"reverse must be a bool, got {type(reverse).__name__}")
+        return packed.run(affine_scan, locals(), reverse=reverse)
     inputs.check_tensor(alpha, "alpha")
     number = isinstance(beta, Real) and not isinstance(beta, bool)
     if number:  # applied in the compute dtype, as the estimators apply a number gamma

@@ -1,0 +1,236 @@
+"""Group-relative advantages for outcome rewards: GRPO, Dr. GRPO, RLOO and REINFORCE++ with baseline.
+
+One score per response, responses grouped by prompt. The group statistics are one segmented
+reduction (``scatter_add_`` into per-group buffers), with no Python loop over groups or rows and,
+for tensors on an accelerator, no host synchronisation. Semantics: docs/semantics.md.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import numpy as np
+import torch
+
+from . import inputs
+
+MODES = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
+_WHITEN_EPS = 1e-8  # the variance floor of the batch whitening (reinforce_plus_plus_baseline)
+_INT_DTYPES = frozenset((
+    torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int8, torch.int16, torch.int32, torch.int64,
+))
+
+
+def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out=None) -> torch.Tensor:
+    """Advantages of responses relative to the other responses to the same prompt.
+
+    ``scores`` is ``[B]``, one outcome score ``s_i`` per response; ``group_ids`` says which prompt
+    each response answers (``[B]``: an integer tensor on any device, or a numpy array / list of
+    hashable ids such as verl's ``uid`` strings). Groups may have any size and any order. For the
+    group ``g`` of response ``i``, with ``n = |g|``::
+
+        mean_g = sum_{j in g} s_j / n
+        std_g  = sqrt(sum_{j in g} (s_j - mean_g)^2 / (n - 1))          (unbiased, as torch.std)
+
+        grpo:    A_i = (s_i - mean_g) / (std_g + eps)       n = 1:  A_i = s_i / (1 + eps)
+        drgrpo:  A_i = s_i - mean_g                         n = 1:  A_i = s_i
+        rloo:    A_i = n / (n - 1) * (s_i - mean_g)         n = 1:  A_i = s_i
+                 (= s_i - the mean of the other n - 1 scores)
+        reinforce_plus_plus_baseline:
+                 a_i = s_i - mean_g                         n = 1:  a_i = s_i
+                 then whitened over the valid tokens of the batch, row i counting m_i = #{t: mask[i, t] != 0}:
+                 N = sum_i m_i,  mu = sum_i m_i a_i / N,  var = sum_i m_i (a_i - mu)^2 / (N - 1),
+                 A_i = (a_i - mu) / sqrt(var + 1e-8)
+
+    A group of one has mean 0 and std 1 (verl's convention); its GRPO divisor ``1 + eps`` is
+    formed in float32, as verl forms it from a float32 ``torch.tensor(1.0)``. ``eps`` is used by
+    ``grpo`` only. These reproduce verl's ``compute_grpo_outcome_advantage`` (with
+    ``norm_adv_by_std_in_grpo`` True for ``grpo``, False for ``drgrpo``),
+    ``compute_rloo_outcome_advantage`` and ``compute_reinforce_plus_plus_baseline_outcome_advantage``.
+
+    ``mask`` (``[B, L]``, any dtype, nonzero = valid token) broadcasts the advantages over tokens:
+    the result is ``[B, L]`` with ``A_i`` where ``mask[i, t] != 0`` and 0 elsewhere (for a 0/1 mask,
+    ``A[:, None] * mask``); without a mask the result is ``[B]``. ``reinforce_plus_plus_baseline``
+    needs the mask and at least two valid tokens (checked, as a value check, where value checks run).
+
+    Statistics accumulate in float32 (float64 for float64 scores); the result has the scores'
+    dtype and device, or is written to ``out``. A NaN score makes its whole group NaN (and the whole
+    batch for ``reinforce_plus_plus_baseline``, whose whitening mixes all groups).
+    """
+    scores = inputs.check_tensor(scores, "scores")
+    if scores.ndim != 1:
+        raise ValueError(f"scores must be 1-D [B], one score per response, got shape {tuple(scores.shape)}")
+    B, device, dtype = scores.shape[0], scores.device, scores.dtype
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODES)}; got {mode!r}")
+    eps = _check_eps(eps)
+    ids = _check_group_ids(group_ids, B)
+    if mask is not None:
+        inputs.check_tensor(mask, "mask", dtypes=inputs.FLAG_DTYPES, kind="a bool, integer or float")
+        if mask.ndim != 2 or mask.shape[0] != B:
+            raise ValueError(f"mask must have shape [B, L] with B = {B} (the scores' length), "
+                             f"got {tuple(mask.shape)}")
+        if mask.device != device:
+            raise ValueError(f"mask is on {mask.device} but scores is on {device}")
+    elif mode == "reinforce_plus_plus_baseline":
+        raise ValueError("mask is required for mode='reinforce_plus_plus_baseline': "
+                         "its whitening runs over the valid tokens")
+    shape = (B,) if mask is None else tuple(mask.shape)
+    if out is not None:
+        inputs.check_tensor(out, "out")
+        if tuple(out.shape) != shape or out.dtype != dtype or out.device != device:
+            raise ValueError(f"out must have shape {shape}, dtype {dtype} and device {device}, "
+                             f"got {tuple(out.shape)} {out.dtype} on {out.device}")
+        if inputs.has_internal_overlap(out):
+            raise ValueError("out has elements that share memory (an expanded or stride-0 view); "
+                             "pass a tensor whose elements are distinct")
+        if out.requires_grad or (torch.is_grad_enabled() and scores.requires_grad):
+            raise ValueError("out= is written in place and does not support autograd; "
+                             "call without out= when scores require grad")
+
+    valid = None if mask is None else mask != 0
+    if mode == "reinforce_plus_plus_baseline":
+        tokens = valid.sum(1)  # valid tokens per response, int64
+        total = tokens.sum()
+        if inputs.value_checks_on(device) and B and int(total) < 2:
+            raise ValueError(f"mask selects {int(total)} valid token(s); the whitening of "
+                             f"mode='reinforce_plus_plus_baseline' needs at least two (unbiased variance)")
+    if B == 0:
+        return out if out is not None else torch.empty(shape, dtype=dtype, device=device)
+
+    cd = inputs.compute_dtype(dtype)
+    code, nbuf = _codes(ids, device)
+    adv = _advantages(scores.to(cd), code, nbuf, mode, eps)
+    if mode == "reinforce_plus_plus_baseline":
+        adv = _whiten(adv, tokens, total)
+    adv = adv.to(dtype)
+    if mask is None:
+        return adv if out is None else out.copy_(adv)
+    if out is None:
+        return torch.where(valid, adv[:, None], 0.0)
+    return torch.where(valid, adv[:, None], 0.0, out=out)
+
+
+def _advantages(x: torch.Tensor, code: torch.Tensor, nbuf: int, mode: str, eps: float) -> torch.Tensor:
+    """Per-response advantages before any whitening, in x's (compute) dtype.
+
+    Two passes over the groups. The first member of each group (lowest response index) shifts
+    the scores, so the group sums add small numbers and a group of equal scores has deviations of
+    exactly 0; the second pass sums the squared deviations from the group mean.
+    """
+    B = x.shape[0]
+    pos = torch.arange(B, device=x.device)
+    count = torch.zeros(nbuf, dtype=torch.int64, device=x.device).scatter_add_(0, code, torch.ones_like(code))
+    first = torch.full((nbuf,), B, dtype=torch.int64, device=x.device).scatter_reduce_(0, code, pos, "amin")
+    n = count[code].to(x.dtype)
+    d = x - x[first[code]]
+    dev = d - torch.zeros(nbuf, dtype=x.dtype, device=x.device).scatter_add_(0, code, d)[code] / n
+    single = n == 1
+    if mode == "grpo":
+        sq = torch.zeros(nbuf, dtype=x.dtype, device=x.device).scatter_add_(0, code, dev * dev)[code]
+        # a group of one takes the other branch; its variance is set to 1 to keep it finite
+        std = torch.where(single, 1.0, sq / (n - 1)).sqrt()
+        return torch.where(single, x / _one_plus_eps_f32(eps), dev / (std + eps))
+    if mode == "rloo":
+        return torch.where(single, x, dev * (n / (n - 1).clamp(min=1)))
+    return torch.where(single, x, dev)  # drgrpo, reinforce_plus_plus_baseline
+
+
+def _whiten(a: torch.Tensor, tokens: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """Whitening over the batch's valid tokens, each response ``a[i]`` counted ``tokens[i]`` times.
+    A response without valid tokens contributes nothing, even when its advantage is not finite."""
+    m = tokens.to(a.dtype)
+    has = tokens > 0
+    n = total.to(a.dtype)
+    mu = torch.where(has, m * a, 0.0).sum() / n
+    c = a - mu
+    var = torch.where(has, m * c * c, 0.0).sum() / (n - 1)
+    return c * torch.rsqrt(var + _WHITEN_EPS)
+
+
+def _one_plus_eps_f32(eps: float) -> float:
+    """``1 + eps`` as verl forms it for a group of one: float32 ``torch.tensor(1.0) + eps``."""
+    return float(torch.tensor(1.0, dtype=torch.float32) + eps)
+
+
+# -- group ids ---------------------------------------------------------------------------------
+
+
+def _check_eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, Real):
+        raise TypeError(f"eps must be a number, got {type(eps).__name__}")
+    eps = float(eps)
+    if math.isnan(eps) or eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    return eps
+
+
+def _check_group_ids(group_ids, B: int):
+    """The ids as an integer tensor or a 1-D numpy array / list, of length B."""
+    if isinstance(group_ids, torch.Tensor):
+        if group_ids.dtype not in _INT_DTYPES:
+            raise TypeError(f"group_ids must be an integer tensor (or a numpy array / list of ids), "
+                            f"got dtype {group_ids.dtype}")
+        if group_ids.layout != torch.strided:
+            raise TypeError(f"group_ids must be a dense (strided) tensor, got layout {group_ids.layout}")
+        n = group_ids.shape[0] if group_ids.ndim == 1 else None
+    elif isinstance(group_ids, np.ndarray):
+        n = group_ids.shape[0] if group_ids.ndim == 1 else None
+    elif isinstance(group_ids, (list, tuple)):
+        n = len(group_ids)
+    else:
+        raise TypeError(f"group_ids must be an integer tensor, a numpy array or a list, "
+                        f"got {type(group_ids).__name__}")
+    if n is None:
+        raise ValueError(f"group_ids must be 1-D, one id per response, got shape {tuple(group_ids.shape)}")
+    if n != B:
+        raise ValueError(f"group_ids has {n} ids but scores has {B} responses")
+    return group_ids
+
+
+def _codes(ids, device: torch.device) -> tuple[torch.Tensor, int]:
+    """``(code, nbuf)``: int64 group codes in ``[0, nbuf)`` on ``device``, equal ids sharing a code.
+
+    Ids on the host are factorised there (``nbuf`` = the number of groups) and copied once; a tensor
+    on an accelerator is factorised on it by a sort (``nbuf`` = B), with no host synchronisation.
+    """
+    if isinstance(ids, torch.Tensor):
+        if ids.device.type == "cpu":
+            return _unique_codes(ids, device)
+        return _sorted_codes(ids.to(device))
+    codes = _host_codes(ids)
+    return torch.from_numpy(codes).to(device, non_blocking=True), int(codes.max()) + 1 if codes.size else 0
+
+
+def _unique_codes(ids: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, int]:
+    uniq, code = torch.unique(ids.to(torch.int64), return_inverse=True)
+    return code.to(device, non_blocking=True), uniq.numel()
+
+
+def _sorted_codes(ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Codes by a stable sort: a new segment starts where the sorted id changes."""
+    ids = ids.to(torch.int64)
+    B = ids.shape[0]
+    sid, perm = torch.sort(ids, stable=True)
+    starts = torch.ones(B, dtype=torch.int64, device=ids.device)
+    starts[1:] = sid[1:] != sid[:-1]
+    return torch.empty_like(perm).scatter_(0, perm, starts.cumsum(0) - 1), B
+
+
+def _host_codes(ids) -> np.ndarray:
+    """Codes of a numpy array or list: ``np.unique`` where the ids sort, else a dict (ids that are
+    hashable but not mutually orderable, e.g. a mix of strings and ints)."""
+    if isinstance(ids, np.ndarray) and ids.dtype != object:
+        return np.unique(ids, return_inverse=True)[1].reshape(-1).astype(np.int64, copy=False)
+    if isinstance(ids, np.ndarray):
+        try:
+            return np.unique(ids, return_inverse=True)[1].reshape(-1).astype(np.int64, copy=False)
+        except TypeError:
+            pass
+    seen: dict = {}
+    try:
+        codes = [seen.setdefault(i, len(seen)) for i in ids]
+    except TypeError as e:
+        raise TypeError(f"group_ids must hold hashable ids: {e}") from None
+    return np.asarray(codes, dtype=np.int64)
