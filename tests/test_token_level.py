@@ -12,41 +12,9 @@ from hypothesis import strategies as st
 
 import rl_triton as rt
 from rl_triton.testing import oracle
+from rl_triton.testing.frameworks import openrlhf_gae, verl_gae
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-6}
-
-
-def verl_gae(token_level_rewards, values, response_mask, gamma, lam):
-    """verl 0.5, verl/trainer/ppo/core_algos.py, compute_gae_advantage_return (the loop, before its
-    masked_whiten of the advantages)."""
-    nextvalues = 0
-    lastgaelam = 0
-    advantages_reversed = []
-    gen_len = token_level_rewards.shape[-1]
-    for t in reversed(range(gen_len)):
-        delta = token_level_rewards[:, t] + gamma * nextvalues - values[:, t]
-        lastgaelam_ = delta + gamma * lam * lastgaelam
-        nextvalues = values[:, t] * response_mask[:, t] + (1 - response_mask[:, t]) * nextvalues
-        lastgaelam = lastgaelam_ * response_mask[:, t] + (1 - response_mask[:, t]) * lastgaelam
-        advantages_reversed.append(lastgaelam)
-    advantages = torch.stack(advantages_reversed[::-1], dim=1)
-    return advantages, advantages + values
-
-
-def openrlhf_gae(values, rewards, action_mask, gamma, lambd):
-    """OpenRLHF 0.8, openrlhf/trainer/ppo_utils/experience_maker.py, get_advantages_and_returns."""
-    lastgaelam = 0
-    advantages_reversed = []
-    response_length = rewards.size(1)
-    values = action_mask * values
-    rewards = action_mask * rewards
-    for t in reversed(range(response_length)):
-        nextvalues = values[:, t + 1] if t < response_length - 1 else 0.0
-        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
-        lastgaelam = delta + gamma * lambd * lastgaelam
-        advantages_reversed.append(lastgaelam)
-    advantages = torch.stack(advantages_reversed[::-1], dim=1)
-    return advantages, advantages + values
 
 
 def _batch(R, T, dtype, seed, p_valid=0.8):

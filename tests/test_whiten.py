@@ -224,7 +224,7 @@ def test_stable_for_a_large_offset():
     """float32 data with a mean far from 0: the two-pass variance keeps the spread."""
     base = _x((4096,), loc=0.0, scale=1.0)
     x = (base + 1e4).to(F32)
-    n, mean, m2 = masked_moments(x)
+    _, _, m2 = masked_moments(x)
     x64 = x.to(F64)
     assert float(m2) == pytest.approx(float(((x64 - x64.mean()) ** 2).sum()), rel=1e-3)
     y = masked_whiten(x)
@@ -236,14 +236,14 @@ def test_low_precision_inputs(dtype):
     x, m = _x((8, 33), dtype=dtype), _mask((8, 33), "holes")
     y = masked_whiten(x, m)
     assert y.dtype == dtype
-    n, mean, m2 = masked_moments(x, m)
+    _, mean, m2 = masked_moments(x, m)
     assert mean.dtype == F32 and m2.dtype == F32
     expected = verl_masked_whiten(x.to(F64), m.to(F64), count_guard=0.0)  # on the rounded data
     _close(y.to(F64), expected, 1e-2)
 
 
 # -- degenerate selections and NaN -------------------------------------------------------------------
-CONVENTIONS = [dict(), dict(unbiased=False, eps_mode="clamp"), dict(scale=False), dict(shift_mean=False)]
+CONVENTIONS = [{}, {"unbiased": False, "eps_mode": "clamp"}, {"scale": False}, {"shift_mean": False}]
 
 
 @pytest.mark.parametrize("kw", CONVENTIONS)
@@ -302,7 +302,7 @@ def test_non_finite_outside_the_mask_is_ignored(kw, value):
     y = masked_whiten(x, m, **kw)
     _close(y[m], clean[m], 0.0)
     assert not torch.isfinite(y[holes]).any()  # those positions are whitened like the rest
-    n, mean, m2 = masked_moments(x, m)
+    _, mean, m2 = masked_moments(x, m)
     assert torch.isfinite(mean) and torch.isfinite(m2)
 
 
@@ -363,33 +363,33 @@ def _bad_cases():
     x = _x((3, 4))
     m = torch.ones(3, 4, dtype=torch.bool)
     return [
-        (TypeError, "x", dict(x=x.numpy())),
-        (TypeError, "x", dict(x=torch.ones(3, 4, dtype=torch.int64))),
-        (TypeError, "x", dict(x=x.to_sparse())),
-        (TypeError, "mask", dict(x=x, mask=m.numpy())),
-        (TypeError, "mask", dict(x=x, mask=torch.ones(3, 4, dtype=torch.complex64))),
-        (ValueError, "mask", dict(x=x, mask=torch.ones(4, dtype=torch.bool))),
-        (ValueError, "mask", dict(x=x, mask=torch.ones(1, 3, 4, dtype=torch.bool))),
-        (ValueError, "mask", dict(x=x, mask=torch.ones(3, 4, dtype=torch.bool, device="meta"))),
-        (TypeError, "eps", dict(x=x, eps="1e-8")),
-        (TypeError, "eps", dict(x=x, eps=True)),
-        (TypeError, "eps", dict(x=x, eps=torch.tensor(1e-8))),
-        (ValueError, "eps", dict(x=x, eps=-1e-8)),
-        (ValueError, "eps", dict(x=x, eps=float("nan"))),
-        (ValueError, "eps_mode", dict(x=x, eps_mode="max")),
-        (ValueError, "eps_mode", dict(x=x, eps_mode=None)),
-        (TypeError, "unbiased", dict(x=x, unbiased=1)),
-        (TypeError, "shift_mean", dict(x=x, shift_mean=None)),
-        (TypeError, "scale", dict(x=x, scale="yes")),
-        (TypeError, "group", dict(x=x, group="world")),
-        (TypeError, "group", dict(x=x, group=True)),
-        (TypeError, "out", dict(x=x, out=x.numpy())),
-        (ValueError, "out", dict(x=x, out=torch.empty(4, 3, dtype=F64))),
-        (ValueError, "out", dict(x=x, out=torch.empty(3, 4, dtype=F32))),
-        (ValueError, "out", dict(x=x, out=torch.empty(3, 4, dtype=F64, device="meta"))),
-        (ValueError, "out", dict(x=x, out=torch.empty(4, dtype=F64).expand(3, 4))),
-        (ValueError, "out", dict(x=x, out=torch.empty(3, 4, dtype=F64, requires_grad=True))),
-        (ValueError, "out", dict(x=x.clone().requires_grad_(), out=torch.empty(3, 4, dtype=F64))),
+        (TypeError, "x", {"x": x.numpy()}),
+        (TypeError, "x", {"x": torch.ones(3, 4, dtype=torch.int64)}),
+        (TypeError, "x", {"x": x.to_sparse()}),
+        (TypeError, "mask", {"x": x, "mask": m.numpy()}),
+        (TypeError, "mask", {"x": x, "mask": torch.ones(3, 4, dtype=torch.complex64)}),
+        (ValueError, "mask", {"x": x, "mask": torch.ones(4, dtype=torch.bool)}),
+        (ValueError, "mask", {"x": x, "mask": torch.ones(1, 3, 4, dtype=torch.bool)}),
+        (ValueError, "mask", {"x": x, "mask": torch.ones(3, 4, dtype=torch.bool, device="meta")}),
+        (TypeError, "eps", {"x": x, "eps": "1e-8"}),
+        (TypeError, "eps", {"x": x, "eps": True}),
+        (TypeError, "eps", {"x": x, "eps": torch.tensor(1e-8)}),
+        (ValueError, "eps", {"x": x, "eps": -1e-8}),
+        (ValueError, "eps", {"x": x, "eps": float("nan")}),
+        (ValueError, "eps_mode", {"x": x, "eps_mode": "max"}),
+        (ValueError, "eps_mode", {"x": x, "eps_mode": None}),
+        (TypeError, "unbiased", {"x": x, "unbiased": 1}),
+        (TypeError, "shift_mean", {"x": x, "shift_mean": None}),
+        (TypeError, "scale", {"x": x, "scale": "yes"}),
+        (TypeError, "group", {"x": x, "group": "world"}),
+        (TypeError, "group", {"x": x, "group": True}),
+        (TypeError, "out", {"x": x, "out": x.numpy()}),
+        (ValueError, "out", {"x": x, "out": torch.empty(4, 3, dtype=F64)}),
+        (ValueError, "out", {"x": x, "out": torch.empty(3, 4, dtype=F32)}),
+        (ValueError, "out", {"x": x, "out": torch.empty(3, 4, dtype=F64, device="meta")}),
+        (ValueError, "out", {"x": x, "out": torch.empty(4, dtype=F64).expand(3, 4)}),
+        (ValueError, "out", {"x": x, "out": torch.empty(3, 4, dtype=F64, requires_grad=True)}),
+        (ValueError, "out", {"x": x.clone().requires_grad_(), "out": torch.empty(3, 4, dtype=F64)}),
     ]
 
 
@@ -448,9 +448,9 @@ def _dist_worker(rank, world, port):
             if hasattr(dist, name):
                 setattr(dist, name, counting(name))
 
-        def one_collective(fn):
+        def one_collective(fn, *args, **kwargs):
             calls.clear()
-            result = fn()
+            result = fn(*args, **kwargs)
             assert sum(calls.values()) == 1, calls
             assert set(calls) <= {"all_gather_single", "all_gather_into_tensor"}, calls
             return result
@@ -460,16 +460,16 @@ def _dist_worker(rank, world, port):
             lo = sum(rows[:rank])
             shard = slice(lo, lo + rows[rank])
             xs, ms = x[shard].clone(), m[shard].clone()
-            for kw in CONVENTIONS + [dict(unbiased=False, eps_mode="clamp", scale=False)]:
+            for kw in CONVENTIONS + [{"unbiased": False, "eps_mode": "clamp", "scale": False}]:
                 expected = masked_whiten(x, m, **kw)[shard]
-                y = one_collective(lambda: masked_whiten(xs, ms, group=group, **kw))
+                y = one_collective(masked_whiten, xs, ms, group=group, **kw)
                 _close(y, expected, tol)
-            _close(one_collective(lambda: masked_whiten(xs, group=group)), masked_whiten(x)[shard], tol)
+            _close(one_collective(masked_whiten, xs, group=group), masked_whiten(x)[shard], tol)
             out = xs.clone()
-            one_collective(lambda: masked_whiten(out, ms, group=group, out=out))
+            one_collective(masked_whiten, out, ms, group=group, out=out)
             _close(out, masked_whiten(x, m)[shard], tol)
 
-            n, mean, m2 = one_collective(lambda: masked_moments(xs, ms, group=group))
+            n, mean, m2 = one_collective(masked_moments, xs, ms, group=group)
             n_ref, mean_ref, m2_ref = masked_moments(x, m)
             assert n.dtype == torch.int64 and int(n) == int(n_ref)
             assert mean.dtype == mean_ref.dtype and m2.dtype == m2_ref.dtype
@@ -479,7 +479,7 @@ def _dist_worker(rank, world, port):
         # nothing valid on any rank: NaN everywhere, no exception
         x, _, rows = _global_data(world)
         xs = x[:rows[rank]]
-        y = one_collective(lambda: masked_whiten(xs, torch.zeros_like(xs, dtype=torch.bool), group=group))
+        y = one_collective(masked_whiten, xs, torch.zeros_like(xs, dtype=torch.bool), group=group)
         assert torch.isnan(y).all()
         # grad through another rank's statistics is not supported
         try:

@@ -25,7 +25,7 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     delta[t] = r[t] + gamma*(1-terminated[t])*V(s_{t+1}) - V(s_t)
     A[t] = delta[t] + gamma*lmbda*(1-done[t])*A[t+1],  A[T] = 0
 
-    With a token ``mask`` (LLM responses; docs/semantics.md, section 9): ``mask_mode="skip"``
+    With a token ``mask`` (LLM responses; docs/semantics.md, section 13): ``mask_mode="skip"``
     (verl) skips masked steps in time: nv[t] = V of the next unmasked step (bootstrap_value, or
     0, past the last), A[t] = m[t]*(r[t] + gamma*nv[t] - V(s_t)) + (m[t]*gamma*lmbda + 1 - m[t])*A[t+1];
     ``mask_mode="pad"`` (TRL, OpenRLHF) reads rewards and values as 0 where the mask is 0.

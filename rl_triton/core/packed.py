@@ -1,6 +1,6 @@
 """Packed (ragged) sequences: one token stream cut into sequences by FlashAttention-style
 ``cu_seqlens`` (offsets ``[0, n_0, n_0 + n_1, ..., N]``, as ``flash_attn_varlen_func`` takes
-them), every sequence its own row with its own window end (docs/semantics.md, section 10).
+them), every sequence its own row with its own window end (docs/semantics.md, section 14).
 
 A packed call is the padded call of the same sequences: the per-step inputs (``[N, ...]``,
 tokens along dim 0) are scattered into a ``[B, L, ...]`` batch, each sequence aligned to the

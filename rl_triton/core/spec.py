@@ -42,7 +42,7 @@ NV_EXPLICIT, NV_IMPLIED = 0, 1
 DONE_ARRAY, DONE_TERM_OR_TRUNC, DONE_OBS_ALIGNED = 0, 1, 2
 # how Retrace's expected next value is read: given, or summed over next_pi * next_q
 EV_GIVEN, EV_PAIRS = 0, 1
-# how a token mask acts (docs/semantics.md, section 9): masked steps are skipped in time (verl), or
+# how a token mask acts (docs/semantics.md, section 13): masked steps are skipped in time (verl), or
 # their rewards and values are zeroed (TRL, OpenRLHF)
 MASK_SKIP, MASK_PAD = 0, 1
 MASK_MODES = {"skip": MASK_SKIP, "pad": MASK_PAD}

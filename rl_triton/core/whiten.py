@@ -146,7 +146,7 @@ def _combine(n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, group):
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(gathered, local, group=group)
     n_i, mean_i, m2_i = gathered.view(world, 3).unbind(1)
-    some = n_i >= 0
+    some = n_i > 0
     zero = torch.zeros((), dtype=xd, device=local.device)
     total = n_i.sum()
     mean = torch.where(some, n_i * mean_i, zero).sum() / total

@@ -115,7 +115,7 @@ def gae(rewards, values, next_values, term, done, gamma, lmbda):
 
 @_ieee
 def gae_masked(rewards, values, mask, gamma, lmbda, mode="skip", bootstrap=None):
-    """GAE over response tokens (docs/semantics.md, section 9), one row at a time.
+    """GAE over response tokens (docs/semantics.md, section 13), one row at a time.
 
     skip: a masked step is not a step: the TD error of an unmasked step t uses the value of the
     next unmasked step (``bootstrap``, default 0, past the last one) and its advantage adds

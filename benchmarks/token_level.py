@@ -1,0 +1,197 @@
+"""Token-level credit assignment against the LLM frameworks' loops, side by side in one process.
+
+Batches of responses with random lengths (EOS padding masked), 10% of the tokens masked in
+spans (tool output), a score on each response's last token plus small per-token rewards. Rows:
+
+- verl's GAE step (its loop and masked_whiten, transcribed in rl_triton/testing/frameworks.py)
+  against ``rl_triton.gae(mask=..., mask_mode="skip")`` + ``rl_triton.masked_whiten``, padded
+  ``[B, L]`` and packed (``cu_seqlens``);
+- on CUDA, the device time of the fused call against the copy floor of its minimal bytes (the
+  rewards, values and mask read once, advantages and returns written once), measured in the
+  same run with a ``copy_`` of as many bytes;
+- group advantages (GRPO) for responses in groups of 8-16 against verl's
+  ``compute_grpo_outcome_advantage`` loop.
+
+    python benchmarks/token_level.py                       # CPU (numba), 256x4096 and smaller
+    python benchmarks/token_level.py --device cuda         # the H200 shapes
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import rl_triton as rt  # noqa: E402
+from rl_triton.testing import frameworks  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import alternate, machine, parser, ratios, spread  # noqa: E402
+
+GAMMA, LAM = 1.0, 0.95
+
+
+def batch(B, L, dtype, device, seed=0):
+    """rewards, values, mask [B, L] and the packed form (tokens up to each response's end)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(L // 4, L + 1, (B,), generator=g)
+    lengths[0] = L
+    t = torch.arange(L)
+    mask = t[None, :] < lengths[:, None]
+    for _ in range(max(1, L // 640)):  # spans of 8-64 tokens: about 10% of the tokens
+        start = torch.randint(0, L, (B,), generator=g)
+        width = torch.randint(8, 65, (B,), generator=g)
+        mask &= ~((t[None, :] >= start[:, None]) & (t[None, :] < (start + width)[:, None]))
+    rewards = 0.01 * torch.randn(B, L, generator=g)
+    rewards[torch.arange(B), lengths - 1] += torch.randn(B, generator=g)
+    values = torch.randn(B, L, generator=g)
+    rewards, values = rewards * mask, values * mask
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
+    within = t[None, :] < lengths[:, None]
+    packed = [x[within] for x in (rewards, values, mask)]
+    to = dict(device=device)
+    return ([rewards.to(dtype=dtype, **to), values.to(dtype=dtype, **to), mask.to(**to)],
+            [packed[0].to(dtype=dtype, **to), packed[1].to(dtype=dtype, **to), packed[2].to(**to), cu.to(**to)])
+
+
+def ours(r, v, m, cu=None, max_seqlen=None):
+    adv, ret = rt.gae(r, v, mask=m, gamma=GAMMA, lmbda=LAM, cu_seqlens=cu, max_seqlen=max_seqlen)
+    return rt.masked_whiten(adv, m), ret
+
+
+def verl(r, v, m):
+    return frameworks.verl_compute_gae_advantage_return(r, v, m.to(r.dtype), GAMMA, LAM)
+
+
+def check(got, want, tol):
+    for g, w in zip(got, want):
+        err = (g.double() - w.double()).abs().max().item() / max(1.0, w.double().abs().max().item())
+        if not err <= tol:
+            raise SystemExit(f"mismatch against verl: relative error {err:.1e} > {tol:.0e}")
+
+
+def device_us(fn, reps=20):
+    """CUDA-event time per call, calls back to back (median of 5 batches)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def gae_rows(shapes, dtypes, device, rounds):
+    print(f"\nGAE step (skip mask, whitened advantages), gamma={GAMMA}, lambda={LAM}; times per call, "
+          f"median (lowest-highest) of {rounds} alternating rounds")
+    print("| B x L | dtype | verl loop ms | rl_triton padded ms | rl_triton packed ms | padded speed-up | "
+          "packed speed-up |" + (" device us | copy floor us | device / floor |" if device == "cuda" else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|---|" if device == "cuda" else ""))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for B, L in shapes:
+        for dtype in dtypes:
+            (r, v, m), (rp, vp, mp, cu) = batch(B, L, dtype, device)
+            rf, vf = r.float(), v.float()
+            want = verl(rf, vf, m)
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            check(ours(r, v, m), want, tol)
+            within = torch.arange(L, device=device)[None, :] < (cu[1:] - cu[:-1]).to(device)[:, None]
+            got_p = ours(rp, vp, mp, cu, L)
+            check(got_p, [want[0][within], want[1][within]], tol)
+
+            def timed(fn):
+                def call():
+                    fn()
+                    sync()
+                return call
+            impls = {"verl": timed(lambda: verl(rf, vf, m)), "padded": timed(lambda: ours(r, v, m)),
+                     "packed": timed(lambda: ours(rp, vp, mp, cu, L))}
+            t = alternate(impls, rounds=rounds, batch_s=0.05)
+            row = (f"| {B}x{L} | {str(dtype)[6:]} | {spread([x * 1e3 for x in t['verl']], '{:.1f}')} | "
+                   f"{spread([x * 1e3 for x in t['padded']], '{:.2f}')} | {spread([x * 1e3 for x in t['packed']], '{:.2f}')} | "
+                   f"{spread(ratios(t['verl'], t['padded']), '{:.0f}', 'x')} | "
+                   f"{spread(ratios(t['verl'], t['packed']), '{:.0f}', 'x')} |")
+            if device == "cuda":
+                nbytes = r.numel() * (2 * r.element_size() + 1 + 2 * r.element_size())
+                src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
+                dst = torch.empty_like(src)
+                dev = device_us(lambda: ours(r, v, m))
+                floor = device_us(lambda: dst.copy_(src))
+                row += f" {dev:.1f} | {floor:.1f} | {dev / floor:.2f}x |"
+            print(row, flush=True)
+
+
+def group_rows(n, device, rounds):
+    print(f"\nGroup advantages (GRPO), {n} responses in groups of 8-16, shuffled; string ids (numpy) for "
+          "verl's loop; rl_triton with int64 ids on the device and with the string ids")
+    g = torch.Generator().manual_seed(1)
+    sizes = []
+    while sum(sizes) < n:
+        sizes.append(int(torch.randint(8, 17, (1,), generator=g)))
+    ids = np.repeat(np.arange(len(sizes)), sizes)[:n]
+    perm = torch.randperm(n, generator=g).numpy()
+    ids = ids[perm]
+    uid = np.array([f"prompt-{i}" for i in ids], dtype=object)
+    scores = torch.randn(n, 1, generator=g)
+    mask = torch.ones(n, 1)
+    want = frameworks.verl_grpo(scores.clone(), mask, uid)[:, 0]
+    ids_t = torch.as_tensor(ids, device=device)
+    s = scores[:, 0].to(device)
+    got = rt.group_advantages(s, ids_t, mode="grpo")
+    check([got.cpu()], [want], 1e-5)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def timed(fn):
+        def call():
+            fn()
+            sync()
+        return call
+    t = alternate({"verl": timed(lambda: frameworks.verl_grpo(scores.clone(), mask, uid)),
+                   "ids": timed(lambda: rt.group_advantages(s, ids_t, mode="grpo")),
+                   "uid": timed(lambda: rt.group_advantages(s, uid, mode="grpo"))}, rounds=rounds, batch_s=0.05)
+    print("| verl loop ms | rl_triton, tensor ids, ms | rl_triton, string ids, ms | speed-up (tensor ids) | "
+          "speed-up (string ids) |" + (" device us |" if device == "cuda" else ""))
+    print("|---|---|---|---|---|" + ("---|" if device == "cuda" else ""))
+    row = (f"| {spread([x * 1e3 for x in t['verl']], '{:.1f}')} | {spread([x * 1e3 for x in t['ids']], '{:.3f}')} | "
+           f"{spread([x * 1e3 for x in t['uid']], '{:.3f}')} | {spread(ratios(t['verl'], t['ids']), '{:.0f}', 'x')} | "
+           f"{spread(ratios(t['verl'], t['uid']), '{:.0f}', 'x')} |")
+    if device == "cuda":
+        row += f" {device_us(lambda: rt.group_advantages(s, ids_t, mode='grpo')):.1f} |"
+    print(row)
+
+
+def main():
+    p = parser(__doc__)
+    p.add_argument("--device", default="cpu", help="cpu (numba) or cuda (Triton)")
+    p.add_argument("--shapes", default=None, help="comma-separated BxL (default: per device)")
+    p.add_argument("--dtypes", default="float32", help="comma-separated value dtypes")
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds")
+    p.add_argument("--groups", type=int, default=8192, help="responses in the group-advantage row (0: none)")
+    args = p.parse_args()
+    default = "256x1024,1024x4096,1024x8192,256x32768" if args.device == "cuda" else "64x2048,256x4096"
+    shapes = [tuple(map(int, s.split("x"))) for s in (args.shapes or default).split(",")]
+    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    if args.device == "cuda":
+        print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+              f"triton {__import__('triton').__version__}")
+    else:
+        print(f"CPU: {machine()}")
+    start = time.time()
+    gae_rows(shapes, dtypes, args.device, args.rounds)
+    if args.groups:
+        group_rows(args.groups, args.device, args.rounds)
+    print(f"\n{time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The LLM frameworks' own advantage loops, transcribed (their structure and arithmetic kept,
+each naming its source file and version), for the tests and the token-level benchmark to
+compare against. Plain torch; this module never imports ``rl_triton``."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+
+def verl_gae(token_level_rewards, values, response_mask, gamma, lam):
+    """verl 0.5, verl/trainer/ppo/core_algos.py, compute_gae_advantage_return: the loop, returning
+    (advantages before whitening, returns)."""
+    nextvalues = 0
+    lastgaelam = 0
+    advantages_reversed = []
+    gen_len = token_level_rewards.shape[-1]
+    for t in reversed(range(gen_len)):
+        delta = token_level_rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam_ = delta + gamma * lam * lastgaelam
+        nextvalues = values[:, t] * response_mask[:, t] + (1 - response_mask[:, t]) * nextvalues
+        lastgaelam = lastgaelam_ * response_mask[:, t] + (1 - response_mask[:, t]) * lastgaelam
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    return advantages, advantages + values
+
+
+def verl_masked_whiten(values, mask, shift_mean=True):
+    """verl 0.5, verl/utils/torch_functional.py: masked_mean, masked_var (unbiased) and
+    masked_whiten, without masked_var's checks of the mask sum."""
+    mean = (values * mask).sum() / mask.sum()
+    centered = values - mean
+    variance = (centered**2 * mask).sum() / mask.sum()
+    mask_sum = mask.sum()
+    variance = variance * (mask_sum / (mask_sum - 1))
+    whitened = (values - mean) * torch.rsqrt(variance + 1e-8)
+    if not shift_mean:
+        whitened += mean
+    return whitened
+
+
+def verl_compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam):
+    """verl's whole GAE step: the loop, then the advantages whitened over the response mask."""
+    advantages, returns = verl_gae(token_level_rewards, values, response_mask, gamma, lam)
+    return verl_masked_whiten(advantages, response_mask), returns
+
+
+def openrlhf_gae(values, rewards, action_mask, gamma, lambd):
+    """OpenRLHF 0.8, openrlhf/trainer/ppo_utils/experience_maker.py, get_advantages_and_returns."""
+    lastgaelam = 0
+    advantages_reversed = []
+    response_length = rewards.size(1)
+    values = action_mask * values
+    rewards = action_mask * rewards
+    for t in reversed(range(response_length)):
+        nextvalues = values[:, t + 1] if t < response_length - 1 else 0.0
+        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam = delta + gamma * lambd * lastgaelam
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    return advantages, advantages + values
+
+
+def verl_grpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
+    """verl 0.5, verl/trainer/ppo/core_algos.py, compute_grpo_outcome_advantage (returns the
+    advantages)."""
+    scores = token_level_rewards.sum(dim=-1)
+    id2score = defaultdict(list)
+    id2mean, id2std = {}, {}
+    with torch.no_grad():
+        bsz = scores.shape[0]
+        for i in range(bsz):
+            id2score[index[i]].append(scores[i])
+        for idx in id2score:
+            if len(id2score[idx]) == 1:
+                id2mean[idx] = torch.tensor(0.0)
+                id2std[idx] = torch.tensor(1.0)
+            else:
+                scores_tensor = torch.stack(id2score[idx])
+                id2mean[idx] = torch.mean(scores_tensor)
+                id2std[idx] = torch.std(scores_tensor)
+        for i in range(bsz):
+            if norm_adv_by_std_in_grpo:
+                scores[i] = (scores[i] - id2mean[index[i]]) / (id2std[index[i]] + epsilon)
+            else:
+                scores[i] = scores[i] - id2mean[index[i]]
+        return scores.unsqueeze(-1) * response_mask
