@@ -6,9 +6,10 @@ spans (tool output), a score on each response's last token plus small per-token 
 - verl's GAE step (its loop and masked_whiten, transcribed in rl_triton/testing/frameworks.py)
   against ``rl_triton.gae(mask=..., mask_mode="skip")`` + ``rl_triton.masked_whiten``, padded
   ``[B, L]`` and packed (``cu_seqlens``);
-- on CUDA, the device time of the fused call against the copy floor of its minimal bytes (the
-  rewards, values and mask read once, advantages and returns written once), measured in the
-  same run with a ``copy_`` of as many bytes;
+- on CUDA, the device time of the call (CUDA-graph replay: the kernels alone) against the copy
+  floor of its minimal bytes (the rewards, values and mask read once, advantages and returns
+  written once), measured in the same run with a ``copy_`` of as many bytes, and the device time
+  of the GAE scan alone (``gae(mask=...)``, no whitening);
 - group advantages (GRPO) for responses in groups of 8-16 against verl's
   ``compute_grpo_outcome_advantage`` loop.
 
@@ -76,15 +77,25 @@ def check(got, want, tol):
 
 
 def device_us(fn, reps=20):
-    """CUDA-event time per call, calls back to back (median of 5 batches)."""
-    fn()
+    """Device time per call: CUDA-event time of ``reps`` replays of a CUDA graph holding one call
+    (no host time between the kernels), median of 5 batches."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(5):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(reps):
-            fn()
+            graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / reps)
@@ -95,8 +106,9 @@ def gae_rows(shapes, dtypes, device, rounds):
     print(f"\nGAE step (skip mask, whitened advantages), gamma={GAMMA}, lambda={LAM}; times per call, "
           f"median (lowest-highest) of {rounds} alternating rounds")
     print("| B x L | dtype | verl loop ms | rl_triton padded ms | rl_triton packed ms | padded speed-up | "
-          "packed speed-up |" + (" device us | copy floor us | device / floor |" if device == "cuda" else ""))
-    print("|---|---|---|---|---|---|---|" + ("---|---|---|" if device == "cuda" else ""))
+          "packed speed-up |" + (" device us | GAE scan alone, device us | copy floor us | device / floor |"
+                             if device == "cuda" else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|---|---|" if device == "cuda" else ""))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for B, L in shapes:
         for dtype in dtypes:
@@ -126,8 +138,9 @@ def gae_rows(shapes, dtypes, device, rounds):
                 src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
                 dst = torch.empty_like(src)
                 dev = device_us(lambda: ours(r, v, m))
+                scan = device_us(lambda: rt.gae(r, v, mask=m, gamma=GAMMA, lmbda=LAM))
                 floor = device_us(lambda: dst.copy_(src))
-                row += f" {dev:.1f} | {floor:.1f} | {dev / floor:.2f}x |"
+                row += f" {dev:.1f} | {scan:.1f} | {floor:.1f} | {dev / floor:.2f}x |"
             print(row, flush=True)
 
 

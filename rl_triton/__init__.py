@@ -13,7 +13,9 @@ from .core.estimators import (
     td_lambda_return,
     vtrace,
 )
+from .core.groups import group_advantages
 from .core.scan import affine_scan
+from .core.whiten import masked_moments, masked_whiten
 
 __all__ = [
     "affine_scan",
@@ -21,6 +23,9 @@ __all__ = [
     "eligibility_trace",
     "episodic_cumsum",
     "gae",
+    "group_advantages",
+    "masked_moments",
+    "masked_whiten",
     "retrace",
     "td_lambda_return",
     "vtrace",

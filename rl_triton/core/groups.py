@@ -52,7 +52,8 @@ def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out
     ``mask`` (``[B, L]``, any dtype, nonzero = valid token) broadcasts the advantages over tokens:
     the result is ``[B, L]`` with ``A_i`` where ``mask[i, t] != 0`` and 0 elsewhere (for a 0/1 mask,
     ``A[:, None] * mask``); without a mask the result is ``[B]``. ``reinforce_plus_plus_baseline``
-    needs the mask and at least two valid tokens (checked, as a value check, where value checks run).
+    needs the mask; with fewer than two valid tokens its variance is 0/0 and the valid token, if
+    any, gets NaN (verl raises there; raising would need a host sync).
 
     Statistics accumulate in float32 (float64 for float64 scores); the result has the scores'
     dtype and device, or is written to ``out``. A NaN score makes its whole group NaN (and the whole
@@ -89,27 +90,21 @@ def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out
             raise ValueError("out= is written in place and does not support autograd; "
                              "call without out= when scores require grad")
 
-    valid = None if mask is None else mask != 0
-    if mode == "reinforce_plus_plus_baseline":
-        tokens = valid.sum(1)  # valid tokens per response, int64
-        total = tokens.sum()
-        if inputs.value_checks_on(device) and B and int(total) < 2:
-            raise ValueError(f"mask selects {int(total)} valid token(s); the whitening of "
-                             f"mode='reinforce_plus_plus_baseline' needs at least two (unbiased variance)")
     if B == 0:
         return out if out is not None else torch.empty(shape, dtype=dtype, device=device)
 
+    valid = None if mask is None else mask if mask.dtype == torch.bool else mask != 0
     cd = inputs.compute_dtype(dtype)
     code, nbuf = _codes(ids, device)
     adv = _advantages(scores.to(cd), code, nbuf, mode, eps)
     if mode == "reinforce_plus_plus_baseline":
-        adv = _whiten(adv, tokens, total)
+        adv = _whiten(adv, valid.sum(1))
     adv = adv.to(dtype)
     if mask is None:
         return adv if out is None else out.copy_(adv)
     if out is None:
         return torch.where(valid, adv[:, None], 0.0)
-    return torch.where(valid, adv[:, None], 0.0, out=out)
+    return torch.where(valid, adv[:, None], adv.new_zeros(()), out=out)
 
 
 def _advantages(x: torch.Tensor, code: torch.Tensor, nbuf: int, mode: str, eps: float) -> torch.Tensor:
@@ -123,26 +118,29 @@ def _advantages(x: torch.Tensor, code: torch.Tensor, nbuf: int, mode: str, eps: 
     pos = torch.arange(B, device=x.device)
     count = torch.zeros(nbuf, dtype=torch.int64, device=x.device).scatter_add_(0, code, torch.ones_like(code))
     first = torch.full((nbuf,), B, dtype=torch.int64, device=x.device).scatter_reduce_(0, code, pos, "amin")
-    n = count[code].to(x.dtype)
-    d = x - x[first[code]]
-    dev = d - torch.zeros(nbuf, dtype=x.dtype, device=x.device).scatter_add_(0, code, d)[code] / n
+    n = count.index_select(0, code).to(x.dtype)
+    d = x - x.index_select(0, first.index_select(0, code))
+    mean_d = torch.zeros(nbuf, dtype=x.dtype, device=x.device).scatter_add_(0, code, d).index_select(0, code) / n
+    dev = d - mean_d
     single = n == 1
     if mode == "grpo":
-        sq = torch.zeros(nbuf, dtype=x.dtype, device=x.device).scatter_add_(0, code, dev * dev)[code]
-        # a group of one takes the other branch; its variance is set to 1 to keep it finite
-        std = torch.where(single, 1.0, sq / (n - 1)).sqrt()
+        sq = torch.zeros(nbuf, dtype=x.dtype, device=x.device).scatter_add_(0, code, dev * dev).index_select(0, code)
+        var = sq / (n - 1).clamp(min=1)
+        # sqrt only of positive variances, so that a group of one or of equal scores has finite gradients
+        pos = var > 0
+        std = torch.where(pos, torch.where(pos, var, 1.0).sqrt(), 0.0)
         return torch.where(single, x / _one_plus_eps_f32(eps), dev / (std + eps))
     if mode == "rloo":
         return torch.where(single, x, dev * (n / (n - 1).clamp(min=1)))
     return torch.where(single, x, dev)  # drgrpo, reinforce_plus_plus_baseline
 
 
-def _whiten(a: torch.Tensor, tokens: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-    """Whitening over the batch's valid tokens, each response ``a[i]`` counted ``tokens[i]`` times.
+def _whiten(a: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Whitening over the batch's valid tokens, each response ``a[i]`` counted ``tokens[i]`` (int64) times.
     A response without valid tokens contributes nothing, even when its advantage is not finite."""
     m = tokens.to(a.dtype)
     has = tokens > 0
-    n = total.to(a.dtype)
+    n = tokens.sum().to(a.dtype)
     mu = torch.where(has, m * a, 0.0).sum() / n
     c = a - mu
     var = torch.where(has, m * c * c, 0.0).sum() / (n - 1)
