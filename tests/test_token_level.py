@@ -234,6 +234,11 @@ def test_packed_out_and_empty():
     assert empty[0].shape == (0,)
 
 
+def test_max_seqlen_needs_cu_seqlens():
+    with pytest.raises(ValueError, match="max_seqlen goes with cu_seqlens"):
+        rt.gae(torch.zeros(7), torch.zeros(7), max_seqlen=7)
+
+
 @pytest.mark.parametrize("cu,kwargs,match", [
     ([0, 3, 2, 7], {}, "without falling"),
     ([1, 3, 7], {}, "rise from 0"),

@@ -32,7 +32,7 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
 
     Returns ``(advantages, value_targets = advantages + values)`` (pad: the zeroed values).
     """
-    if cu_seqlens is not None:
+    if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(gae, locals(), reverse=True, n_out=2)
     c = Call(rewards, "rewards", time_dim)
     c.value(values, "values")
@@ -110,7 +110,7 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     G[t] = r[t] + gamma*(1-terminated[t])*((1-lmbda)*V(s_{t+1}) + lmbda*G'[t+1]),
     G'[t+1] = V(s_{t+1}) where done[t] or t = T-1, else G[t+1].  lmbda=1: TD(1), lmbda=0: TD(0).
     """
-    if cu_seqlens is not None:
+    if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(td_lambda_return, locals(), reverse=True)
     c = Call(rewards, "rewards", time_dim)
     c.value(next_values, "next_values")
@@ -138,7 +138,7 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     R[t] = r[t] + gamma*(1-terminated[t])*(R[t+1] if not done[t] else V(s_{t+1})),
     R[T] = bootstrap_value if given, else next_values[T-1] if given, else 0 (Monte Carlo).
     """
-    if cu_seqlens is not None:
+    if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(discounted_return, locals(), reverse=True)
     c = Call(rewards, "rewards", time_dim)
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
@@ -177,7 +177,7 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     pg[t] = min(rho_bar_pg, ratio[t])*(r[t] + gamma*(1-term[t])*vs_next[t] - v[t]),
     vs_next[t] = vs[t+1], or V(s_{t+1}) where done[t] or t = T-1.  Returns ``(vs, pg_advantages)``.
     """
-    if cu_seqlens is not None:
+    if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(vtrace, locals(), reverse=True, n_out=2)
     c = Call(rewards, "rewards", time_dim)
     c.value(values, "values")
@@ -219,7 +219,7 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
     ev[t] = E_{a~pi} Q(s_{t+1}, a): ``next_expected_q``, or sum_a next_pi[..., a]*next_q[..., a];
     Q_ret[t] = r[t] + gamma*(1-term[t])*(ev[t] + (1-done[t])*c[t+1]*(Q_ret[t+1] - q[t+1])).
     """
-    if cu_seqlens is not None:
+    if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(retrace, locals(), reverse=True)
     c = Call(rewards, "rewards", time_dim)
     c.value(q_values, "q_values")
@@ -290,7 +290,7 @@ def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time
     e[t] = x[t] + gamma*lmbda*(1-done[t-1])*e[t-1], e[-1] = initial (default 0).
     ``x`` may have trailing feature dims after the time dim; ``done`` broadcasts over them.
     """
-    if cu_seqlens is not None:
+    if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(eligibility_trace, locals(), reverse=False)
     return _eligibility_trace(x, done, [("gamma", gamma), ("lmbda", lmbda)], initial, time_dim, backend, out)
 
@@ -299,6 +299,6 @@ def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time
 def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None, out=None, cu_seqlens=None,
                     max_seqlen=None):
     """Running sum within episodes, forward in time: c[t] = x[t] + (1-done[t-1])*c[t-1], c[-1] = initial."""
-    if cu_seqlens is not None:
+    if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(episodic_cumsum, locals(), reverse=False)
     return _eligibility_trace(x, done, [("gamma", 1.0), ("lmbda", 1.0)], initial, time_dim, backend, out)

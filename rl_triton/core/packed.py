@@ -77,6 +77,8 @@ def run(fn, args: dict, *, reverse: bool, n_out: int = 1):
     ``cu_seqlens`` and ``max_seqlen``): the padded call, its outputs gathered back."""
     args = dict(args)
     cu_seqlens, max_seqlen, out = args.pop("cu_seqlens"), args.pop("max_seqlen"), args.pop("out")
+    if cu_seqlens is None:
+        raise ValueError("max_seqlen goes with cu_seqlens (packed sequences); pass both or neither")
     time_dim = args.pop("time_dim")
     ref_name = next(iter(args))
     ref = inputs.check_tensor(args[ref_name], ref_name)

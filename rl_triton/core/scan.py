@@ -63,7 +63,7 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
     has that shape without the time dim. Differentiable in every tensor argument. With
     ``cu_seqlens``, packed sequences along dim 0 (rl_triton/core/packed.py).
     """
-    if cu_seqlens is not None:
+    if cu_seqlens is not None or max_seqlen is not None:
         if not isinstance(reverse, bool):
             raise TypeError(f"reverse must be a bool, got {type(reverse).__name__}")
         return packed.run(affine_scan, locals(), reverse=reverse)
