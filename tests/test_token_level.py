@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import rl_triton as rt
 from rl_triton.testing import oracle
-from rl_triton.testing.frameworks import openrlhf_gae, verl_gae
+from rl_triton.testing.frameworks import openrlhf_gae, verl_compute_gae_advantage_return, verl_gae, verl_masked_whiten
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-6}
 
@@ -115,9 +115,35 @@ def test_repeated_masked_calls_are_bit_for_bit(backend):
     _close(got[0], want[0], torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_whiten_matches_verls_whole_step(backend, dtype):
+    r, v, m = _batch(6, 29, dtype, seed=17)
+    adv, ret = rt.gae(r, v, mask=m, gamma=1.0, lmbda=0.95, whiten=True, backend=backend)
+    want_adv, want_ret = verl_compute_gae_advantage_return(r.double(), v.double(), m.double(), 1.0, 0.95)
+    _close(adv, want_adv, dtype)
+    _close(ret, want_ret, dtype)
+    out = (torch.empty_like(r), torch.empty_like(r))
+    got = rt.gae(r, v, mask=m, gamma=1.0, lmbda=0.95, whiten=True, backend=backend, out=out)
+    assert got[0] is out[0] and torch.equal(out[0], adv)
+
+
+def test_whiten_with_openrlhfs_convention(backend):
+    r, v, m = _batch(4, 21, torch.float64, seed=19)
+    adv, _ = rt.gae(r, v, mask=m, mask_mode="pad", whiten=dict(unbiased=False, eps_mode="clamp"), backend=backend)
+    raw, _ = openrlhf_gae(v, r, m.double(), 0.99, 0.95)
+    valid = m.double()
+    mean = (raw * valid).sum() / valid.sum()
+    var = ((raw - mean) ** 2 * valid).sum() / valid.sum()
+    _close(adv, (raw - mean) * var.clamp(min=1e-8).rsqrt(), torch.float64)
+    _close(verl_masked_whiten(raw, valid), rt.masked_whiten(raw, m), torch.float64)
+
+
 @pytest.mark.parametrize("bad,match", [
+    (dict(whiten="yes"), "whiten must be"),
+    (dict(whiten=dict(unbias=False)), "whiten takes the keywords"),
+    (dict(mask=None, whiten=True), "need a mask"),
     (dict(mask_mode="zero"), "mask_mode must be one of"),
-    (dict(mask=None, mask_mode="pad"), "needs a mask"),
+    (dict(mask=None, mask_mode="pad"), "need a mask"),
     (dict(mask=torch.ones(3, 4, dtype=torch.bool)), "mask"),
     (dict(done=torch.zeros(2, 5, dtype=torch.bool)), "does not combine with done"),
     (dict(next_values=torch.zeros(2, 5)), "does not combine with next_values"),

@@ -564,3 +564,4 @@ def run(algo: spec.Algorithm, dtype: torch.dtype, args, outs) -> None:
     """Run ``algo``'s kernel: ``args`` is ``algo.Args``, ``outs`` the ``[R, T]`` output views;
     floats are computed in ``dtype``."""
     Launch(algo, dtype, args, outs).launch(args, outs)
+

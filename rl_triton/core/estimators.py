@@ -14,12 +14,15 @@ import torch
 from . import coefficients as C
 from . import inputs, launch, packed, plans, scan, spec
 from .call import TRUNCATION_HELP, Call
+from .whiten import masked_whiten
+
+WHITEN_KEYWORDS = frozenset(("unbiased", "shift_mean", "scale", "eps", "eps_mode", "group"))
 
 
 @plans.cached
 def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=None, truncated=None,
         done=None, gamma=0.99, lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None,
-        last_done=None, mask=None, mask_mode="skip", cu_seqlens=None, max_seqlen=None):
+        last_done=None, mask=None, mask_mode="skip", whiten=False, cu_seqlens=None, max_seqlen=None):
     """Generalized advantage estimation.
 
     delta[t] = r[t] + gamma*(1-terminated[t])*V(s_{t+1}) - V(s_t)
@@ -30,14 +33,17 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     0, past the last), A[t] = m[t]*(r[t] + gamma*nv[t] - V(s_t)) + (m[t]*gamma*lmbda + 1 - m[t])*A[t+1];
     ``mask_mode="pad"`` (TRL, OpenRLHF) reads rewards and values as 0 where the mask is 0.
 
+    ``whiten``: True (verl's convention) or a dict of :func:`rl_triton.masked_whiten` keywords
+    whitens the advantages over the mask's tokens, in place, after the value targets are formed.
+
     Returns ``(advantages, value_targets = advantages + values)`` (pad: the zeroed values).
     """
     if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(gae, locals(), reverse=True, n_out=2)
     c = Call(rewards, "rewards", time_dim)
     c.value(values, "values")
-    if mask is not None or mask_mode != "skip":
-        return _masked_gae(c, rewards, values, mask, mask_mode, bootstrap_value, gamma, lmbda, backend, out,
+    if mask is not None or mask_mode != "skip" or whiten is not False:
+        return _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, gamma, lmbda, backend, out,
                            next_values=next_values, terminated=terminated, truncated=truncated, done=done,
                            episode_starts=episode_starts, last_done=last_done)
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
@@ -57,11 +63,16 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     return c.results([adv, adv + v])
 
 
-def _masked_gae(c, rewards, values, mask, mask_mode, bootstrap_value, gamma, lmbda, backend, out, **unsupported):
+def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, gamma, lmbda, backend, out,
+                **unsupported):
     if not isinstance(mask_mode, str) or mask_mode not in spec.MASK_MODES:
         raise ValueError(f"mask_mode must be one of {sorted(spec.MASK_MODES)}, got {mask_mode!r}")
     if mask is None:
-        raise ValueError(f"mask_mode={mask_mode!r} needs a mask")
+        raise ValueError(f"mask_mode={mask_mode!r} and whiten need a mask")
+    if whiten is not False and whiten is not True and not isinstance(whiten, dict):
+        raise TypeError(f"whiten must be False, True or a dict of masked_whiten keywords, got {whiten!r}")
+    if isinstance(whiten, dict) and not set(whiten) <= WHITEN_KEYWORDS:
+        raise ValueError(f"whiten takes the keywords {sorted(WHITEN_KEYWORDS)}, got {sorted(whiten)}")
     given = [name for name, x in unsupported.items() if x is not None]
     if given:
         raise ValueError(f"mask does not combine with {', '.join(given)}: a response mask marks the steps of one "
@@ -74,6 +85,18 @@ def _masked_gae(c, rewards, values, mask, mask_mode, bootstrap_value, gamma, lmb
     fused = c.start(backend, out, 2)
     if c.empty:
         return c.empty_outputs()
+    if whiten is False:
+        return _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l)
+    if c.needs_grad:
+        raise ValueError("whiten= writes the advantages in place and does not support autograd; call "
+                         "masked_whiten on the advantages instead")
+    c.plannable = False  # the call is more than its launch
+    adv, targets = _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l)
+    masked_whiten(adv, mask.expand(adv.shape), out=adv, backend=c.backend, **({} if whiten is True else whiten))
+    return adv, targets
+
+
+def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l):
     if fused:
         carried = None
         if mode == spec.MASK_SKIP and c.backend == "triton":

@@ -1,8 +1,9 @@
 """Masked whitening: the advantage normalisation of LLM RL trainers (verl, OpenRLHF), over the
 valid elements of one tensor or of every rank of a ``torch.distributed`` process group.
 
-Plain torch ops on any device: two reductions for the statistics, one elementwise pass for the
-output, and with a group one collective in between. No host synchronisation anywhere (no
+Torch ops on any device (two reductions for the statistics, one elementwise pass for the
+output, and with a group one collective in between); on the Triton backend three kernel passes
+(rl_triton/core/kernels/moments.py). No host synchronisation anywhere (no
 ``.item()``, no branch on a tensor value), so an empty or one-element selection gives NaN
 instead of an exception. Semantics: docs/semantics.md.
 """
@@ -14,7 +15,7 @@ from numbers import Real
 
 import torch
 
-from . import inputs
+from . import inputs, launch
 
 EPS_MODES = ("add", "clamp")
 
@@ -47,7 +48,7 @@ def masked_moments(x, mask=None, *, group=None):
 
 
 def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, eps=1e-8, eps_mode="add",
-                  group=None, out=None) -> torch.Tensor:
+                  group=None, out=None, backend=None) -> torch.Tensor:
     """Whiten ``x`` with the mean and variance of its valid elements.
 
     Statistics over the valid elements (``mask`` nonzero; all elements when ``mask`` is None) of the
@@ -71,7 +72,10 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
     a valid position makes every output NaN; one outside the mask does not touch the statistics.
     ``mask``: bool, integer or float, ``x``'s shape and device; nonzero marks a valid element
     (weights are not applied). ``out``: ``x``'s shape, dtype and device; may be ``x`` itself.
-    Differentiable without ``out`` and ``group``.
+    Differentiable without ``out`` and ``group``. ``backend`` as for the estimators: on the Triton
+    backend, without a group or gradients, contiguous tensors take three kernel passes (block
+    partials ``(n, mean, M2)``, their fold, the normalisation); elsewhere torch ops (on the CPU
+    numba kernels measured no faster than them).
     """
     x, mask, group = _check_x_mask_group(x, mask, group)
     for name, flag in (("unbiased", unbiased), ("shift_mean", shift_mean), ("scale", scale)):
@@ -91,6 +95,12 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
             raise ValueError("out= does not support autograd; call without out= to get gradients")
 
     cd = inputs.compute_dtype(x.dtype)
+    backend = launch.resolve_backend(backend, x.device)
+    if backend == "triton" and group is None and not grad and not torch.compiler.is_compiling() \
+            and x.is_contiguous() and (mask is None or mask.is_contiguous()) and (out is None or out.is_contiguous()):
+        y = out if out is not None else torch.empty_like(x)
+        _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode == "clamp")
+        return y
     n, mean, m2 = _local_moments(x, mask, cd)
     if group is not None:
         n, mean, m2 = _combine(n, mean, m2, group)
@@ -126,6 +136,27 @@ def _local_moments(x: torch.Tensor, mask: torch.Tensor | None, cd: torch.dtype):
         mean = torch.where(valid, xf, zero).sum() / n  # where, not x * mask: NaN outside the mask stays out
         dev = torch.where(valid, xf - mean, zero)
     return n, mean, (dev * dev).sum()
+
+
+def _fused(x, mask, y, unbiased, shift_mean, scale, eps, clamp):
+    """Whiten contiguous ``x`` into ``y`` (which may be ``x``) with the Triton kernels of
+    rl_triton/core/kernels/moments.py: block partials, their fold, the normalisation."""
+    import triton.language as tl
+
+    from .kernels import moments as k
+
+    flat, out = x.view(-1), y.view(-1)
+    valid = None if mask is None else mask.view(-1)
+    n = flat.numel()
+    acc = tl.float64 if x.dtype == torch.float64 else tl.float32
+    parts = torch.empty(max(1, -(-n // k.BLOCK)), 3, dtype=inputs.compute_dtype(x.dtype), device=x.device)
+    stats = torch.empty(2, dtype=torch.float64, device=x.device)
+    grid = (parts.shape[0],)
+    k.moments_kernel[grid](flat, flat if valid is None else valid, parts, n, HAS_MASK=valid is not None,
+                           BLOCK=k.BLOCK, ACC=acc)
+    k.fold_kernel[(1,)](parts, stats, parts.shape[0], eps, UNBIASED=unbiased, SCALE=scale, CLAMP=clamp,
+                        FOLD_BLOCK=k.FOLD_BLOCK)
+    k.normalize_kernel[grid](flat, out, stats, n, SHIFT_BACK=not shift_mean, BLOCK=k.BLOCK, ACC=acc)
 
 
 def _combine(n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, group):
