@@ -4,8 +4,8 @@ Batches of responses with random lengths (EOS padding masked), 10% of the tokens
 spans (tool output), a score on each response's last token plus small per-token rewards. Rows:
 
 - verl's GAE step (its loop and masked_whiten, transcribed in rl_triton/testing/frameworks.py)
-  against ``rl_triton.gae(mask=..., mask_mode="skip")`` + ``rl_triton.masked_whiten``, padded
-  ``[B, L]`` and packed (``cu_seqlens``);
+  against ``rl_triton.gae(mask=..., mask_mode="skip", whiten=True)``, padded ``[B, L]`` and
+  packed (``cu_seqlens``);
 - on CUDA, the device time of the call (CUDA-graph replay: the kernels alone) against the copy
   floor of its minimal bytes (the rewards, values and mask read once, advantages and returns
   written once), measured in the same run with a ``copy_`` of as many bytes, and the device time
@@ -61,8 +61,7 @@ def batch(B, L, dtype, device, seed=0):
 
 
 def ours(r, v, m, cu=None, max_seqlen=None):
-    adv, ret = rt.gae(r, v, mask=m, gamma=GAMMA, lmbda=LAM, cu_seqlens=cu, max_seqlen=max_seqlen)
-    return rt.masked_whiten(adv, m), ret
+    return rt.gae(r, v, mask=m, gamma=GAMMA, lmbda=LAM, whiten=True, cu_seqlens=cu, max_seqlen=max_seqlen)
 
 
 def verl(r, v, m):
