@@ -143,10 +143,12 @@ def gae_masked(rewards, values, mask, gamma, lmbda, mode="skip", bootstrap=None)
                 if n is not None and g[i, t] * l[i, t] != 0:
                     a = a + g[i, t] * l[i, t] * a_of[n]
                 a_of[t] = a
-            for t in range(T):
-                later = [s for s in valid if s >= t]
-                adv[i, t] = a_of[later[0]] if later else 0.0
-                tgt[i, t] = adv[i, t] + v[i, t]
+            held = 0.0  # the advantage of the first unmasked step at or after t
+            for t in reversed(range(T)):
+                if m[i, t]:
+                    held = a_of[t]
+                adv[i, t] = held
+                tgt[i, t] = held + v[i, t]
         else:
             rr = np.where(m[i], r[i], 0.0)
             vv = np.where(m[i], v[i], 0.0)
