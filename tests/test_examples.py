@@ -40,3 +40,18 @@ def test_example_runs(script, args, modules, tmp_path):
     assert "| SB3 loop |" in result.stdout and "| rl_triton |" in result.stdout
     for name in ("timings.csv", "episodes.csv", "returns.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize("estimator", ["gae", "grpo"])
+def test_llm_token_ppo_runs(estimator, tmp_path):
+    _needs("transformers")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]), MPLBACKEND="Agg")
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "llm_token_ppo.py"), "--compare",
+                             "--estimator", estimator, "--iterations", "2", "--prompts", "2", "--group-size", "3",
+                             "--max-new", "12", "--out", str(tmp_path)], capture_output=True, text=True, env=env,
+                            timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert_clean_log(result.stderr, tmp_path)
+    assert "| verl loop |" in result.stdout and "| rl_triton |" in result.stdout
+    for name in ("iterations.csv", "scores.png"):
+        assert (tmp_path / name).stat().st_size > 0
