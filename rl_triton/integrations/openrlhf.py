@@ -1,0 +1,255 @@
+"""OpenRLHF: fused scans for the experience maker's GAE and REINFORCE returns, and its
+advantage normalisation across experiences.
+
+    import rl_triton.integrations.openrlhf as rt_openrlhf
+    rt_openrlhf.patch()      # in the process that runs RemoteExperienceMaker (docs/openrlhf.md)
+    ...
+    rt_openrlhf.unpatch()    # OpenRLHF's own methods again, the same function objects
+
+``patch()`` replaces ``RemoteExperienceMaker.get_advantages_and_returns`` and
+``.get_cumulative_returns`` (``openrlhf/trainer/ppo_utils/experience_maker.py``, OpenRLHF
+0.11) with methods of the same signatures and results. OpenRLHF is imported by ``patch()`` and
+``patched()``, not by this module: without it they raise ``ImportError``, and the plain
+functions ``get_advantages_and_returns``, ``get_cumulative_returns`` and
+``normalize_advantages`` work without it.
+
+Conventions mapped here: ``(batch, num_actions)`` tensors, batch-major; ``action_mask`` (bool or
+integer 0/1, any number of spans per row) marks the response tokens. OpenRLHF multiplies
+rewards and values by the mask and runs its loops over the whole row with V = 0 and a return of
+0 past the end: ``rl_triton.gae(mask=..., mask_mode="pad")`` and ``rl_triton.discounted_return``
+over the masked rewards (selected, not multiplied: the same for finite inputs). Its
+normalisation is ``rl_triton.masked_whiten(unbiased=False, eps_mode="clamp")`` over all
+experiences at once. Like OpenRLHF's methods, everything runs under ``torch.no_grad()``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import torch
+
+from .. import discounted_return, gae, masked_whiten
+from ._patching import PatchState
+
+__all__ = ["get_advantages_and_returns", "get_cumulative_returns", "is_patched", "normalize_advantages", "patch",
+           "patched", "unpatch"]
+
+MODULE = "openrlhf.trainer.ppo_utils.experience_maker"
+CLASS = "RemoteExperienceMaker"
+# each replaced method and the parameters OpenRLHF 0.11 gives it
+_SIGNATURES = {
+    "get_advantages_and_returns": ("self", "values", "rewards", "action_mask", "gamma", "lambd"),
+    "get_cumulative_returns": ("self", "rewards", "action_mask", "gamma"),
+}
+
+
+# -- the plain functions -----------------------------------------------------------------------
+def _check_tensor(x, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be a (batch, num_actions) tensor, got shape {tuple(x.shape)}")
+
+
+def _check_mask(action_mask, like: torch.Tensor):
+    if action_mask is None:
+        return None
+    if not isinstance(action_mask, torch.Tensor):
+        raise TypeError(f"action_mask must be a torch.Tensor or None, got {type(action_mask).__name__}")
+    if action_mask.shape != like.shape:
+        raise ValueError(f"action_mask must have the rewards' shape {tuple(like.shape)}, "
+                         f"got {tuple(action_mask.shape)}")
+    return action_mask
+
+
+@torch.no_grad()
+def get_advantages_and_returns(values, rewards, action_mask, gamma, lambd):
+    """``RemoteExperienceMaker.get_advantages_and_returns`` as one fused scan.
+
+    ``values``, ``rewards``: ``(batch, num_actions)``; ``action_mask``: the same shape (0/1,
+    bool or integer) or None; ``gamma``, ``lambd``: ``args.algo.advantage.gamma`` / ``.lambd``.
+    With m = action_mask (1 where None), r' = m * r and V' = m * V:
+
+        A[t] = r'[t] + gamma * V'[t+1] - V'[t] + gamma * lambd * A[t+1],  V'[T] = A[T] = 0
+
+    Returns ``(advantages, returns = A + V')`` in the promoted dtype of values and rewards.
+    """
+    _check_tensor(values, "values")
+    _check_tensor(rewards, "rewards")
+    if values.shape != rewards.shape:
+        raise ValueError(f"values must have the rewards' shape {tuple(rewards.shape)}, got {tuple(values.shape)}")
+    mask = _check_mask(action_mask, rewards)
+    dtype = torch.promote_types(values.dtype, rewards.dtype)
+    if mask is not None and mask.is_floating_point():  # OpenRLHF multiplies by it
+        dtype = torch.promote_types(dtype, mask.dtype)
+    values, rewards = values.to(dtype), rewards.to(dtype)
+    if mask is None:
+        return gae(rewards, values, gamma=gamma, lmbda=lambd)
+    return gae(rewards, values, mask=mask, mask_mode="pad", gamma=gamma, lmbda=lambd)
+
+
+@torch.no_grad()
+def get_cumulative_returns(rewards, action_mask, gamma):
+    """``RemoteExperienceMaker.get_cumulative_returns`` (REINFORCE and its baselines) as one
+    fused scan.
+
+    ``rewards``: ``(batch, num_actions)``; ``action_mask``: the same shape (0/1) or None.
+    G[t] = m[t] * r[t] + gamma * G[t+1], G[T] = 0 (m = 1 where None): the discounted sum of the
+    masked rewards to the end of the row. Returns a tensor of the rewards' dtype and device,
+    accumulated in float32 for 16-bit rewards (as OpenRLHF's float32 running sum).
+    """
+    _check_tensor(rewards, "rewards")
+    mask = _check_mask(action_mask, rewards)
+    if mask is not None:
+        keep = mask if mask.dtype == torch.bool else mask != 0
+        rewards = torch.where(keep, rewards, 0.0)
+    return discounted_return(rewards, gamma=gamma)
+
+
+def _as_list(x, name: str):
+    if isinstance(x, torch.Tensor):
+        return [x], True
+    if isinstance(x, (list, tuple)):
+        for i, t in enumerate(x):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}[{i}] must be a torch.Tensor, got {type(t).__name__}")
+        return list(x), False
+    raise TypeError(f"{name} must be a torch.Tensor or a list of them, got {type(x).__name__}")
+
+
+@torch.no_grad()
+def normalize_advantages(advantages, action_masks, *, no_std=False, group=None):
+    """OpenRLHF's normalisation of the advantages across all experiences of a step (estimators
+    gae, reinforce, reinforce_baseline).
+
+    ``advantages``: one tensor, or a list with one per experience (any shapes); ``action_masks``:
+    the same structure, each mask of its advantages' shape (0/1, bool or integer). Over the valid
+    tokens of all of them together (of every rank of ``group``, a ``torch.distributed``
+    ProcessGroup, where given):
+
+        mean = sum(a[valid]) / n,  var = sum((a[valid] - mean)**2) / n      (biased)
+        rstd = 1 / sqrt(max(var, 1e-8)),  or 1 with no_std (``--algo.advantage.no_std_norm``)
+        out  = (a - mean) * rstd  at every position, the masked ones included
+
+    Returns the same structure: a tensor, or a list of tensors of the inputs' shapes, in float32
+    (float64 for float64 advantages). No host synchronisation: no valid token gives NaN.
+    """
+    if not isinstance(no_std, bool):
+        raise TypeError(f"no_std must be a bool, got {type(no_std).__name__}")
+    advs, single = _as_list(advantages, "advantages")
+    masks, _ = _as_list(action_masks, "action_masks")
+    if len(masks) != len(advs):
+        raise ValueError(f"action_masks must hold one mask per advantages tensor ({len(advs)}), got {len(masks)}")
+    if not advs:
+        return []
+    for i, (a, m) in enumerate(zip(advs, masks)):
+        where = "" if single else f"[{i}]"
+        if not a.is_floating_point():
+            raise TypeError(f"advantages{where} must be a floating-point tensor, got {a.dtype}")
+        if m.shape != a.shape:
+            raise ValueError(f"action_masks{where} must have the shape of advantages{where} {tuple(a.shape)}, "
+                             f"got {tuple(m.shape)}")
+        if a.device != advs[0].device or m.device != advs[0].device:
+            raise ValueError(f"advantages{where} and action_masks{where} must be on {advs[0].device}")
+    dtype = torch.float32
+    for a in advs:
+        dtype = torch.promote_types(dtype, a.dtype)
+    kw = dict(unbiased=False, eps_mode="clamp", scale=not no_std, group=group)
+    if single:
+        return masked_whiten(advs[0].to(dtype), masks[0], **kw)
+    flat = torch.cat([a.reshape(-1).to(dtype) for a in advs])
+    valid = torch.cat([m.reshape(-1) if m.dtype == torch.bool else m.reshape(-1) != 0 for m in masks])
+    out = masked_whiten(flat, valid, **kw)
+    return [y.view(a.shape) for y, a in zip(out.split([a.numel() for a in advs]), advs)]
+
+
+# -- the patch ---------------------------------------------------------------------------------
+def _experience_maker():
+    """OpenRLHF's experience maker class, imported now; ImportError where OpenRLHF is missing or
+    its methods are not the ones this module replaces."""
+    try:
+        module = importlib.import_module(MODULE)
+    except ImportError as e:
+        raise ImportError(f"rl_triton.integrations.openrlhf.patch() needs OpenRLHF 0.11 (pip install openrlhf): "
+                          f"importing {MODULE} failed: {e}. The plain functions get_advantages_and_returns, "
+                          f"get_cumulative_returns and normalize_advantages work without it.") from e
+    cls = getattr(module, CLASS, None)
+    if not isinstance(cls, type):
+        raise ImportError(f"{MODULE} has no class {CLASS}: this OpenRLHF is not the 0.11 layout that "
+                          f"rl_triton.integrations.openrlhf patches")
+    for name, params in _SIGNATURES.items():
+        method = cls.__dict__.get(name)
+        if not callable(method):
+            raise ImportError(f"{MODULE}.{CLASS} defines no method {name}: this OpenRLHF is not the 0.11 layout "
+                              f"that rl_triton.integrations.openrlhf patches")
+        got = tuple(inspect.signature(method).parameters)
+        if got != params:
+            raise ImportError(f"{MODULE}.{CLASS}.{name} takes {got}, not {params} as in OpenRLHF 0.11: "
+                              f"rl_triton.integrations.openrlhf does not patch this version")
+    return cls
+
+
+class _Methods:
+    """The methods that ``patch()`` sets on the experience maker (``self`` is not read)."""
+
+    def get_advantages_and_returns(self, values, rewards, action_mask, gamma, lambd):
+        """rl_triton.integrations.openrlhf.get_advantages_and_returns, as a method."""
+        return get_advantages_and_returns(values, rewards, action_mask, gamma, lambd)
+
+    def get_cumulative_returns(self, rewards, action_mask, gamma):
+        """rl_triton.integrations.openrlhf.get_cumulative_returns, as a method."""
+        return get_cumulative_returns(rewards, action_mask, gamma)
+
+
+_REPLACEMENTS = {name: _Methods.__dict__[name] for name in _SIGNATURES}
+_applied = []  # (class, {name: OpenRLHF's function object}) while patched
+
+
+def _apply() -> None:
+    cls = _experience_maker()
+    originals = {name: cls.__dict__[name] for name in _REPLACEMENTS}
+    for name, method in _REPLACEMENTS.items():
+        setattr(cls, name, method)
+    _applied.append((cls, originals))
+
+
+def _restore() -> None:
+    cls, originals = _applied.pop()
+    for name, method in originals.items():
+        setattr(cls, name, method)
+
+
+_state = PatchState(_apply, _restore)
+
+
+def patch() -> None:
+    """Route ``RemoteExperienceMaker.get_advantages_and_returns`` and ``.get_cumulative_returns``
+    through rl_triton until ``unpatch()``, in this process. Imports OpenRLHF (``ImportError``
+    without it, or where its methods differ from OpenRLHF 0.11's). Idempotent; thread-safe.
+
+    The patch is shared with ``patched()`` blocks, which may be open in other threads: OpenRLHF's
+    methods are replaced while ``patch()`` is in effect or any block is open. Takes no
+    arguments, so it can be a Ray ``worker_process_setup_hook`` (docs/openrlhf.md)."""
+    _experience_maker()  # the import and its errors before the lock is taken
+    _state.patch()
+
+
+def unpatch() -> None:
+    """Withdraw ``patch()``. OpenRLHF's own methods (the original function objects) are back at
+    once, or, while ``patched()`` blocks are open (in any thread), when the last of them closes.
+    Idempotent. Thread-safe."""
+    _state.unpatch()
+
+
+def is_patched() -> bool:
+    """Whether OpenRLHF's experience maker is routed through rl_triton now."""
+    return _state.active
+
+
+def patched():
+    """``with patched(): ...``: OpenRLHF is patched for the block. Blocks nest, also across
+    threads, and OpenRLHF's own methods come back when the last holder (block or ``patch()``)
+    lets go. Imports OpenRLHF when the block opens."""
+    _experience_maker()
+    return _state.patched()
