@@ -19,6 +19,8 @@ PUBLIC = {
     "rl_triton/integrations/sb3.py": "rl_triton.integrations.sb3",
     "rl_triton/integrations/torchrl.py": "rl_triton.integrations.torchrl",
     "rl_triton/integrations/cleanrl.py": "rl_triton.integrations.cleanrl",
+    "rl_triton/integrations/trl.py": "rl_triton.integrations.trl",
+    "rl_triton/integrations/openrlhf.py": "rl_triton.integrations.openrlhf",
     "rl_triton/testing/__init__.py": "rl_triton.testing",
     "rl_triton/testing/catalog.py": "rl_triton.testing.catalog",
     "rl_triton/testing/oracle.py": "rl_triton.testing.oracle",

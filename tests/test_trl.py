@@ -6,6 +6,9 @@ values and log-probs filled, the score at the first padding token."""
 from __future__ import annotations
 
 import contextlib
+import inspect
+import textwrap
+import types
 
 import pytest
 import torch
@@ -320,3 +323,41 @@ def test_bad_inputs():
         whiten_rewards(r.numpy(), m)
     with pytest.raises(ValueError, match="padding_mask_p1"):
         whiten_rewards(r, m.T)
+
+
+# -- the real TRL, where it is installed ------------------------------------------------------------
+def real_trl_block(source):
+    """The lines of PPOTrainer.train from the padding masks to the fill of the advantages, as code."""
+    lines = source.splitlines()
+    start = next(i for i, line in enumerate(lines) if "response_idxs = torch.arange(" in line)
+    end = next(i for i in range(start, len(lines)) if "torch.masked_fill(advantages, padding_mask, 0)" in lines[i])
+    return textwrap.dedent("\n".join(lines[start:end + 1]))
+
+
+def test_real_trl():
+    """TRL's own block (TRL 1.0-1.12, where trl.experimental.ppo exists), run on TRL-built
+    inputs, against compute_advantages and whiten_rewards."""
+    ppo = pytest.importorskip("trl.experimental.ppo.ppo_trainer")
+    block = real_trl_block(inspect.getsource(ppo))
+    g = torch.Generator().manual_seed(12)
+    B, T = 12, 30
+    responses = torch.randint(2, VOCAB, (B, T), generator=g)
+    responses[torch.arange(B), torch.randint(0, T, (B,), generator=g)] = EOS
+    responses[0, 0] = EOS
+    postprocessed = ppo.truncate_response(EOS, PAD, responses)
+    sequence_lengths = ppo.first_true_indices(postprocessed == PAD) - 1
+    logprobs, ref_logprobs = -torch.rand(2, B, T, generator=g) * 3
+    values, scores = torch.randn(B, T, generator=g), torch.randn(B, generator=g)
+    envs = {}
+    for whiten in (False, True):
+        args = types.SimpleNamespace(kl_estimator="k3", kl_coef=0.05, whiten_rewards=whiten, gamma=1.0, lam=0.95)
+        env = dict(torch=torch, masked_whiten=ppo.masked_whiten, INVALID_LOGPROB=ppo.INVALID_LOGPROB, args=args,
+                   responses=responses, logprobs=logprobs.clone(), ref_logprobs=ref_logprobs.clone(),
+                   values=values.clone(), scores=scores.clone(), sequence_lengths=sequence_lengths)
+        exec(block, env)
+        envs[whiten] = env
+        adv, ret = compute_advantages(env["rewards"], env["values"], env["padding_mask"], 1.0, 0.95)
+        _close(adv, env["advantages"], F32)
+        _close(ret, env["returns"], F32)
+    _close(whiten_rewards(envs[False]["rewards"], envs[False]["padding_mask_p1"]), envs[True]["rewards"], F32)
+

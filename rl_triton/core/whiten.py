@@ -59,13 +59,13 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
         var  = M2 / (n - 1)                       if unbiased (default) else M2 / n
         rstd = 1 / sqrt(var + eps)                eps_mode="add"   (verl's masked_whiten)
              = 1 / sqrt(max(var, eps))            eps_mode="clamp" (OpenRLHF's normalisation)
-             = 1                                  scale=False      (OpenRLHF's no_advantage_std_norm)
+             = 1                                  scale=False      (OpenRLHF's no_std_norm)
         y = (x - mean) * rstd,  then y + mean     if not shift_mean
 
     ``y`` covers every position, the masked ones included (same ``mean`` and ``rstd``), and has
     ``x``'s shape and dtype; statistics accumulate in float32 (float64 for float64 ``x``), mean
     first, then the sum of squared deviations. verl: the defaults. OpenRLHF: ``unbiased=False,
-    eps_mode="clamp"``, plus ``scale=False`` for ``--no_advantage_std_norm``.
+    eps_mode="clamp"``, plus ``scale=False`` for ``--algo.advantage.no_std_norm` (formerly `--no_advantage_std_norm`)`.
 
     No host synchronisation, hence no error for a degenerate selection: ``n = 0`` makes every
     output NaN (mean = 0/0), and so does ``n = 1`` with ``unbiased=True`` (var = 0/0). A NaN at

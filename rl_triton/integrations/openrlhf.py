@@ -35,8 +35,8 @@ from ._patching import PatchState
 __all__ = ["get_advantages_and_returns", "get_cumulative_returns", "is_patched", "normalize_advantages", "patch",
            "patched", "unpatch"]
 
-MODULE = "openrlhf.trainer.ppo_utils.experience_maker"
-CLASS = "RemoteExperienceMaker"
+_MODULE = "openrlhf.trainer.ppo_utils.experience_maker"
+_CLASS = "RemoteExperienceMaker"
 # each replaced method and the parameters OpenRLHF 0.11 gives it
 _SIGNATURES = {
     "get_advantages_and_returns": ("self", "values", "rewards", "action_mask", "gamma", "lambd"),
@@ -132,8 +132,9 @@ def normalize_advantages(advantages, action_masks, *, no_std=False, group=None):
         rstd = 1 / sqrt(max(var, 1e-8)),  or 1 with no_std (``--algo.advantage.no_std_norm``)
         out  = (a - mean) * rstd  at every position, the masked ones included
 
-    Returns the same structure: a tensor, or a list of tensors of the inputs' shapes, in float32
-    (float64 for float64 advantages). No host synchronisation: no valid token gives NaN.
+    Returns the same structure: a tensor, or a list of tensors of the inputs' shapes and dtypes.
+    The statistics accumulate in float32 (OpenRLHF's ``.float()``), in float64 for float64
+    advantages. No host synchronisation: no valid token gives NaN, as OpenRLHF's 0/0.
     """
     if not isinstance(no_std, bool):
         raise TypeError(f"no_std must be a bool, got {type(no_std).__name__}")
@@ -152,16 +153,16 @@ def normalize_advantages(advantages, action_masks, *, no_std=False, group=None):
                              f"got {tuple(m.shape)}")
         if a.device != advs[0].device or m.device != advs[0].device:
             raise ValueError(f"advantages{where} and action_masks{where} must be on {advs[0].device}")
-    dtype = torch.float32
-    for a in advs:
-        dtype = torch.promote_types(dtype, a.dtype)
     kw = dict(unbiased=False, eps_mode="clamp", scale=not no_std, group=group)
     if single:
-        return masked_whiten(advs[0].to(dtype), masks[0], **kw)
-    flat = torch.cat([a.reshape(-1).to(dtype) for a in advs])
+        return masked_whiten(advs[0], masks[0], **kw)
+    dtype = advs[0].dtype
+    for a in advs[1:]:
+        dtype = torch.promote_types(dtype, a.dtype)
+    flat = torch.cat([a.reshape(-1) for a in advs]).to(dtype)
     valid = torch.cat([m.reshape(-1) if m.dtype == torch.bool else m.reshape(-1) != 0 for m in masks])
     out = masked_whiten(flat, valid, **kw)
-    return [y.view(a.shape) for y, a in zip(out.split([a.numel() for a in advs]), advs)]
+    return [y.view(a.shape).to(a.dtype) for y, a in zip(out.split([a.numel() for a in advs]), advs)]
 
 
 # -- the patch ---------------------------------------------------------------------------------
@@ -169,23 +170,23 @@ def _experience_maker():
     """OpenRLHF's experience maker class, imported now; ImportError where OpenRLHF is missing or
     its methods are not the ones this module replaces."""
     try:
-        module = importlib.import_module(MODULE)
+        module = importlib.import_module(_MODULE)
     except ImportError as e:
         raise ImportError(f"rl_triton.integrations.openrlhf.patch() needs OpenRLHF 0.11 (pip install openrlhf): "
-                          f"importing {MODULE} failed: {e}. The plain functions get_advantages_and_returns, "
+                          f"importing {_MODULE} failed: {e}. The plain functions get_advantages_and_returns, "
                           f"get_cumulative_returns and normalize_advantages work without it.") from e
-    cls = getattr(module, CLASS, None)
+    cls = getattr(module, _CLASS, None)
     if not isinstance(cls, type):
-        raise ImportError(f"{MODULE} has no class {CLASS}: this OpenRLHF is not the 0.11 layout that "
+        raise ImportError(f"{_MODULE} has no class {_CLASS}: this OpenRLHF is not the 0.11 layout that "
                           f"rl_triton.integrations.openrlhf patches")
     for name, params in _SIGNATURES.items():
         method = cls.__dict__.get(name)
         if not callable(method):
-            raise ImportError(f"{MODULE}.{CLASS} defines no method {name}: this OpenRLHF is not the 0.11 layout "
+            raise ImportError(f"{_MODULE}.{_CLASS} defines no method {name}: this OpenRLHF is not the 0.11 layout "
                               f"that rl_triton.integrations.openrlhf patches")
         got = tuple(inspect.signature(method).parameters)
         if got != params:
-            raise ImportError(f"{MODULE}.{CLASS}.{name} takes {got}, not {params} as in OpenRLHF 0.11: "
+            raise ImportError(f"{_MODULE}.{_CLASS}.{name} takes {got}, not {params} as in OpenRLHF 0.11: "
                               f"rl_triton.integrations.openrlhf does not patch this version")
     return cls
 

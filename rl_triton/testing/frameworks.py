@@ -47,19 +47,21 @@ def verl_compute_gae_advantage_return(token_level_rewards, values, response_mask
 
 
 def openrlhf_gae(values, rewards, action_mask, gamma, lambd):
-    """OpenRLHF 0.8, openrlhf/trainer/ppo_utils/experience_maker.py, get_advantages_and_returns."""
+    """OpenRLHF 0.11.2, openrlhf/trainer/ppo_utils/experience_maker.py,
+    RemoteExperienceMaker.get_advantages_and_returns."""
     lastgaelam = 0
     advantages_reversed = []
     response_length = rewards.size(1)
-    values = action_mask * values
-    rewards = action_mask * rewards
+    if action_mask is not None:
+        values = action_mask * values
+        rewards = action_mask * rewards
     for t in reversed(range(response_length)):
         nextvalues = values[:, t + 1] if t < response_length - 1 else 0.0
         delta = rewards[:, t] + gamma * nextvalues - values[:, t]
         lastgaelam = delta + gamma * lambd * lastgaelam
         advantages_reversed.append(lastgaelam)
     advantages = torch.stack(advantages_reversed[::-1], dim=1)
-    return advantages, advantages + values
+    return advantages.detach(), advantages + values
 
 
 def verl_grpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
