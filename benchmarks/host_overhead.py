@@ -2,8 +2,9 @@
 synchronize at the end, per call) of an empty Triton kernel, the engine launched directly with
 prepared arguments, ``kernels.run`` on validated views, the function a call plan generates for
 the signature called directly (what an explicit reusable handle would cost: no signature key),
-and the public ``rl_triton.gae``; then a cProfile of the public call. ``--cpu`` does the same for the numba backend on CPU tensors, with
-a row for the Python above the backend alone (``cpu.run`` replaced by a no-op).
+and the public ``rl_triton.gae``; then a cProfile of the public call. ``--cpu`` does the same for
+the numba backend on CPU tensors, with a row for the Python above the backend alone (``cpu.run``
+replaced by a no-op).
 
     python benchmarks/host_overhead.py [--shape 4096x128] [--profile 25] [--cpu]
 """

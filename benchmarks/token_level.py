@@ -129,7 +129,8 @@ def gae_rows(shapes, dtypes, device, rounds):
                      "packed": timed(lambda: ours(rp, vp, mp, cu, L))}
             t = alternate(impls, rounds=rounds, batch_s=0.05)
             row = (f"| {B}x{L} | {str(dtype)[6:]} | {spread([x * 1e3 for x in t['verl']], '{:.1f}')} | "
-                   f"{spread([x * 1e3 for x in t['padded']], '{:.2f}')} | {spread([x * 1e3 for x in t['packed']], '{:.2f}')} | "
+                   f"{spread([x * 1e3 for x in t['padded']], '{:.2f}')} | "
+                   f"{spread([x * 1e3 for x in t['packed']], '{:.2f}')} | "
                    f"{spread(ratios(t['verl'], t['padded']), '{:.0f}', 'x')} | "
                    f"{spread(ratios(t['verl'], t['packed']), '{:.0f}', 'x')} |")
             if device == "cuda":

@@ -9,8 +9,11 @@ inputs are compared against the oracle on the rounded data).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -657,3 +660,57 @@ ALL_CASES = {
     "episodic_cumsum": cumsum_cases,
     "affine_scan": affine_cases,
 }
+
+
+# -- patching across threads (the integrations' patch()/patched()) ---------------------------------
+
+def nested_blocks_across_threads(patched, routes_ours) -> list:
+    """Thread A opens a ``patched()`` block, B opens one, A closes its own: what ``routes_ours()``
+    says inside B's block afterwards (``[True]`` when B's block stayed patched)."""
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def a():
+        with patched():
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def b():
+        a_in.wait(5)
+        with patched():
+            b_in.set()
+            a_out.wait(5)
+            seen.append(routes_ours())
+
+    _run_threads([a, b])
+    return seen
+
+
+def concurrent_patch_use(patched, patch, unpatch, routes_ours, rounds=40, n=8) -> list:
+    """``n`` threads open ``patched()`` blocks ``rounds`` times each while every fourth also
+    patches and unpatches; the (thread, round) pairs where a block did not route to ours."""
+    barrier = threading.Barrier(n)
+    failures = []
+
+    def worker(i):
+        barrier.wait()
+        for k in range(rounds):
+            with patched():
+                time.sleep(0.0002)  # let the other threads run inside the block
+                if not routes_ours():
+                    failures.append((i, k))
+            if i % 4 == 0:
+                (patch if k % 2 == 0 else unpatch)()
+
+    _run_threads([functools.partial(worker, i) for i in range(n)])
+    unpatch()
+    return failures
+
+
+def _run_threads(targets):
+    threads = [threading.Thread(target=t) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

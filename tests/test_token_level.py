@@ -184,7 +184,8 @@ def _per_sequence(fn, cu, packed_args, row_args, **kwargs):
 
 
 CALLS = {
-    "gae": (rt.gae, lambda x: dict(rewards=x["r"], values=x["v"], done=x["d"]), lambda x: dict(bootstrap_value=x["boot"])),
+    "gae": (rt.gae, lambda x: dict(rewards=x["r"], values=x["v"], done=x["d"]),
+            lambda x: dict(bootstrap_value=x["boot"])),
     "gae_skip": (rt.gae, lambda x: dict(rewards=x["r"], values=x["v"], mask=x["m"]), lambda x: {}),
     "gae_pad": (rt.gae, lambda x: dict(rewards=x["r"], values=x["v"], mask=x["m"]), lambda x: {}),
     "td_lambda_return": (rt.td_lambda_return, lambda x: dict(rewards=x["r"], next_values=x["v"], done=x["d"]),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import threading
-import time
 import warnings
 
 import pytest
@@ -30,6 +29,7 @@ from torchrl.objectives.value import advantages as tadv  # noqa: E402
 from torchrl.objectives.value import functional as tfn  # noqa: E402
 
 import rl_triton.integrations.torchrl as rtt  # noqa: E402
+from helpers import concurrent_patch_use, nested_blocks_across_threads  # noqa: E402
 
 F64 = torch.float64
 GAMMAS = (0.5, 0.9375, 0.984375)  # exact in float32, see the module docstring
@@ -693,28 +693,7 @@ def _routes_ours():
 
 def test_patched_blocks_nest_across_threads():
     # A opens a block, B opens one, A closes its own: B's block stays patched until B closes it
-    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
-    seen = []
-
-    def a():
-        with rtt.patched():
-            a_in.set()
-            b_in.wait(5)
-        a_out.set()
-
-    def b():
-        a_in.wait(5)
-        with rtt.patched():
-            b_in.set()
-            a_out.wait(5)
-            seen.append(_routes_ours())
-
-    threads = [threading.Thread(target=a), threading.Thread(target=b)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert seen == [True]
+    assert nested_blocks_across_threads(rtt.patched, _routes_ours) == [True]
     assert not rtt.is_patched()
     _assert_globals_original()
 
@@ -739,26 +718,7 @@ def test_patch_and_unpatch_inside_patched_blocks():
 def test_patch_state_under_concurrent_use():
     obj_utils._ensure_builtin_value_estimators_registered()
     registry_before = _registry_snapshot()
-    barrier = threading.Barrier(8)
-    failures = []
-
-    def worker(i):
-        barrier.wait()
-        for k in range(50):
-            with rtt.patched():
-                time.sleep(0.0002)  # let the other threads run inside the block
-                if not _routes_ours():
-                    failures.append((i, k))
-            if i % 4 == 0:
-                (rtt.patch if k % 2 == 0 else rtt.unpatch)()
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    rtt.unpatch()
-    assert not failures
+    assert not concurrent_patch_use(rtt.patched, rtt.patch, rtt.unpatch, _routes_ours, rounds=50)
     assert not rtt.is_patched()
     _assert_globals_original()
     after = _registry_snapshot()

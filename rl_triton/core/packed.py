@@ -91,7 +91,7 @@ def run(fn, args: dict, *, reverse: bool, n_out: int = 1):
         if len(given) != n_out:
             raise TypeError(f"out must be a tuple of {n_out} tensors")
         for i, o in enumerate(given):
-            if not isinstance(o, torch.Tensor) or o.shape != ref.shape or o.dtype != ref.dtype or o.device != ref.device:
+            if not isinstance(o, torch.Tensor) or (o.shape, o.dtype, o.device) != (ref.shape, ref.dtype, ref.device):
                 raise ValueError(f"out{'' if n_out == 1 else f'[{i}]'} must be a {ref.dtype} tensor of shape "
                                  f"{tuple(ref.shape)} on {ref.device}, like {ref_name}")
     seqs = Sequences(cu_seqlens, max_seqlen, n, ref.device, align_end=reverse)

@@ -60,3 +60,13 @@ class PatchState:
     def settings(self, default=None):
         holders = self._holders
         return holders[-1][1] if holders else default
+
+
+def error_of(fn, args, kwargs):
+    """The exception ``fn(*args, **kwargs)`` raises, or None (the drop-ins' error path runs the
+    framework's own function to raise what it raises)."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as error:
+        return error
+    return None

@@ -52,7 +52,7 @@ from torchrl.objectives.value import functional as _fn
 from .. import td_lambda_return as _rt_td_lambda_return
 from .. import gae as _rt_gae
 from .. import vtrace as _rt_vtrace
-from ._patching import PatchState
+from ._patching import PatchState, error_of
 
 __all__ = [
     "GAE",
@@ -236,14 +236,6 @@ def _td_lambda_impl(gamma, lmbda, next_state_value, reward, done, terminated, ro
 # functionals: TorchRL 0.14.1 signatures
 # ---------------------------------------------------------------------------------------------
 
-def _error_of(fn, args, kwargs):
-    try:
-        fn(*args, **kwargs)
-    except Exception as error:
-        return error
-    return None
-
-
 def _raises_as_torchrl(ours):
     """Where the drop-in ``ours`` raises, raise what TorchRL's function of the same name raises on
     the same arguments: its exception, type and message word for word (TorchRL's own tests and
@@ -256,7 +248,7 @@ def _raises_as_torchrl(ours):
         try:
             return ours(*args, **kwargs)
         except Exception:
-            error = _error_of(theirs, args, kwargs)
+            error = error_of(theirs, args, kwargs)
             if error is None:
                 raise
             raise error from None
