@@ -11,7 +11,9 @@ spans (tool output), a score on each response's last token plus small per-token 
   written once), measured in the same run with a ``copy_`` of as many bytes, and the device time
   of the GAE scan alone (``gae(mask=...)``, no whitening);
 - group advantages (GRPO) for responses in groups of 8-16 against verl's
-  ``compute_grpo_outcome_advantage`` loop.
+  ``compute_grpo_outcome_advantage`` loop;
+- the verl drop-in's ``compute_gae_advantage_return`` (what the patched trainer calls, a float
+  mask as verl passes it) against verl's function (``--verl BxL``).
 
     python benchmarks/token_level.py                       # CPU (numba), 256x4096 and smaller
     python benchmarks/token_level.py --device cuda         # the H200 shapes
@@ -183,6 +185,31 @@ def group_rows(n, device, rounds):
     print(row)
 
 
+def verl_rows(shapes, device, rounds):
+    from rl_triton.integrations import verl as rt_verl
+
+    print(f"\nverl's compute_gae_advantage_return against the drop-in's, {rounds} alternating rounds")
+    print("| B x L | verl ms | drop-in ms | speed-up |")
+    print("|---|---|---|---|")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for B, L in shapes:
+        (r, v, m), _ = batch(B, L, torch.float32, device)
+        mf = m.float()
+        check(rt_verl.compute_gae_advantage_return(r, v, mf, GAMMA, LAM),
+              frameworks.verl_compute_gae_advantage_return(r, v, mf, GAMMA, LAM), 1e-5)
+
+        def timed(fn):
+            def call():
+                fn()
+                sync()
+            return call
+        t = alternate({"verl": timed(lambda: frameworks.verl_compute_gae_advantage_return(r, v, mf, GAMMA, LAM)),
+                       "ours": timed(lambda: rt_verl.compute_gae_advantage_return(r, v, mf, GAMMA, LAM))},
+                      rounds=rounds, batch_s=0.05)
+        print(f"| {B}x{L} | {spread([x * 1e3 for x in t['verl']], '{:.1f}')} | "
+              f"{spread([x * 1e3 for x in t['ours']], '{:.2f}')} | {spread(ratios(t['verl'], t['ours']), '{:.0f}', 'x')} |")
+
+
 def main():
     p = parser(__doc__)
     p.add_argument("--device", default="cpu", help="cpu (numba) or cuda (Triton)")
@@ -190,6 +217,7 @@ def main():
     p.add_argument("--dtypes", default="float32", help="comma-separated value dtypes")
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds")
     p.add_argument("--groups", type=int, default=8192, help="responses in the group-advantage row (0: none)")
+    p.add_argument("--verl", default="64x2048", help="comma-separated BxL of the verl drop-in rows ('': none)")
     args = p.parse_args()
     default = "256x1024,1024x4096,1024x8192,256x32768" if args.device == "cuda" else "64x2048,256x4096"
     shapes = [tuple(map(int, s.split("x"))) for s in (args.shapes or default).split(",")]
@@ -203,6 +231,8 @@ def main():
     gae_rows(shapes, dtypes, args.device, args.rounds)
     if args.groups:
         group_rows(args.groups, args.device, args.rounds)
+    if args.verl:
+        verl_rows([tuple(map(int, s.split("x"))) for s in args.verl.split(",")], args.device, args.rounds)
     print(f"\n{time.time() - start:.0f} s")
 
 

@@ -111,14 +111,17 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
     mean = mean.to(cd)
 
     xf = x if x.dtype == cd else x.to(cd)
-    y = xf - mean  # fresh memory: the in-place steps below never write to x
+    if out is x and x.dtype == cd:
+        y = out.sub_(mean)  # whitening in place: the statistics are complete, each element is read once
+    else:
+        y = xf - mean  # fresh memory: the in-place steps below never write to x
     if rstd is not None:
         y = y * rstd if grad else y.mul_(rstd)
     if not shift_mean:
         y = y + mean if grad else y.add_(mean)
     if out is None:
         return y if y.dtype == x.dtype else y.to(x.dtype)
-    return out.copy_(y)  # y is complete before out (possibly x) is written
+    return y if y is out else out.copy_(y)  # y is complete before out (possibly x) is written
 
 
 # -- statistics ------------------------------------------------------------------------------
