@@ -79,6 +79,31 @@ def test_mask_with_bootstrap_tensor_coefficients_and_time_major(backend, mode):
     _close(ret.T, o_ret, torch.float64)
 
 
+REGIMES = [dict(block_t=16, block_r=2), dict(block_t=4, block_r=1), dict(block_t=2, block_r=2, n_seg=3),
+           dict(block_t=32, block_r=4), dict(block_t=8, block_r=1)]
+
+
+@pytest.mark.parametrize("plan", REGIMES, ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
+@pytest.mark.parametrize("mode", ["skip", "pad"])
+def test_triton_launch_regimes(plan, mode):
+    """The Triton engine forced into each regime (chunks of a few steps carried along the row,
+    several rows per program, mirrored and natural lanes; the two-state scan of the skip mask
+    splits no time), against the oracle."""
+    kernels = pytest.importorskip("rl_triton.core.kernels")
+    if not (kernels.AVAILABLE and (kernels.INTERPRET or torch.cuda.is_available())):
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1 set before import")
+    device = "cuda" if torch.cuda.is_available() and not kernels.INTERPRET else "cpu"
+    r, v, m = _batch(5, 37, torch.float64, seed=23)
+    boot = torch.randn(5, dtype=torch.float64)
+    with kernels.forced_plan(**plan):
+        adv, ret = rt.gae(r.to(device), v.to(device), mask=m.to(device), mask_mode=mode,
+                          bootstrap_value=boot.to(device), gamma=0.9, lmbda=0.8, backend="triton")
+    o_adv, o_ret = oracle.gae_masked(r.numpy(), v.numpy(), m.numpy(), np.full((5, 37), 0.9), np.full((5, 37), 0.8),
+                                     mode, boot.numpy())
+    _close(adv.cpu(), o_adv, torch.float64)
+    _close(ret.cpu(), o_ret, torch.float64)
+
+
 def test_skip_reads_nothing_at_masked_steps(backend):
     """A masked step's reward and value never reach another step (selected, not multiplied by 0):
     an inf or NaN there stays there. verl multiplies, so its loop spreads it."""

@@ -27,7 +27,7 @@ except ImportError:  # the torch backend serves CPU tensors without numba
 
 from . import coefficients as C
 from . import spec
-from .spec import DONE_ARRAY, DONE_OBS_ALIGNED, EV_GIVEN, MASK_SKIP, NV_EXPLICIT, NV_IMPLIED
+from .spec import DONE_ARRAY, DONE_OBS_ALIGNED, EV_GIVEN, NV_EXPLICIT, NV_IMPLIED
 
 AVAILABLE = nb is not None
 
@@ -171,40 +171,39 @@ def gae_episode_starts_blocks(rewards, values, episode_starts, bootstrap_value, 
                 value_targets[i, t] = x + values[i, t]
 
 
-def masked_gae(rewards, values, carried, bootstrap_value, mask, gamma, lmbda, mask_mode, advantages,
-               value_targets):
-    """GAE over the unmasked steps (skip: the next value and the advantage carried across masked
-    steps, value targets advantages + values at every step), or with rewards and values read as
-    0 where the mask is 0 (pad). ``carried`` is not read: the loop carries the next value."""
+def masked_gae(rewards, values, bootstrap_value, mask, gamma, lmbda, advantages, value_targets):
+    """GAE over the unmasked steps: the next value and the advantage carry across masked steps;
+    value targets are advantages + values at every step."""
     R, T = rewards.shape
     for i in prange(R):
         acc = 0.0
         nxt = bootstrap_value[i] * 1.0
         for t in range(T - 1, -1, -1):
             m = mask[i, t] != 0
-            if mask_mode == MASK_SKIP:
-                v = values[i, t] * 1.0
-                a, b = _c_masked_gae(rewards[i, t], v, nxt, 1.0 if m else 0.0, gamma[i, t] * 1.0, lmbda[i, t])
-                if m:
-                    nxt = v
-            else:
-                v = values[i, t] * 1.0 if m else 0.0
-                a, b = _c_gae(rewards[i, t] if m else 0.0, v, nxt, 1.0, 1.0, gamma[i, t] * 1.0, lmbda[i, t])
+            v = values[i, t] * 1.0
+            a, b = _c_masked_gae(rewards[i, t], v, nxt, 1.0 if m else 0.0, gamma[i, t] * 1.0, lmbda[i, t])
+            if m:
                 nxt = v
             acc = _c_step(a, b, acc)
             advantages[i, t] = acc
             value_targets[i, t] = acc + v
 
 
-def next_valid(values, mask, carry, carried):
-    """carried[t] = values[s] at the first s >= t with mask[s] set, else carry."""
-    R, T = values.shape
+def padded_gae(rewards, values, bootstrap_value, mask, gamma, lmbda, advantages, value_targets):
+    """GAE with rewards and values read as 0 where the mask is 0; value targets are advantages +
+    the zeroed values."""
+    R, T = rewards.shape
     for i in prange(R):
-        acc = carry[i] * 1.0
+        acc = 0.0
+        nxt = bootstrap_value[i] * 1.0
         for t in range(T - 1, -1, -1):
-            if mask[i, t] != 0:
-                acc = values[i, t] * 1.0
-            carried[i, t] = acc
+            m = mask[i, t] != 0
+            v = values[i, t] * 1.0 if m else 0.0
+            a, b = _c_gae(rewards[i, t] if m else 0.0, v, nxt, 1.0, 1.0, gamma[i, t] * 1.0, lmbda[i, t])
+            nxt = v
+            acc = _c_step(a, b, acc)
+            advantages[i, t] = acc
+            value_targets[i, t] = acc + v
 
 
 def td_lambda_return(rewards, next_values, carry, terminated, done, truncated, last_done, gamma, lmbda, done_mode,

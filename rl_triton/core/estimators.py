@@ -66,7 +66,7 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
 def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, gamma, lmbda, backend, out,
                 **unsupported):
     if not isinstance(mask_mode, str) or mask_mode not in spec.MASK_MODES:
-        raise ValueError(f"mask_mode must be one of {sorted(spec.MASK_MODES)}, got {mask_mode!r}")
+        raise ValueError(f"mask_mode must be one of {list(spec.MASK_MODES)}, got {mask_mode!r}")
     if mask is None:
         raise ValueError(f"mask_mode={mask_mode!r} and whiten need a mask")
     if whiten is not False and whiten is not True and not isinstance(whiten, dict):
@@ -81,7 +81,7 @@ def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, ga
     c._check_binary(mask=mask)
     c.per_row(bootstrap_value, "bootstrap_value")
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
-    mode = spec.MASK_MODES[mask_mode]
+    mode = mask_mode
     fused = c.start(backend, out, 2)
     if c.empty:
         return c.empty_outputs()
@@ -98,20 +98,12 @@ def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, ga
 
 def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l):
     if fused:
-        carried = None
-        if mode == spec.MASK_SKIP and c.backend == "triton":
-            # the value of the next unmasked step, scanned first (numba carries it in its loop);
-            # two launches: the call keeps no plan
-            c.plannable = False
-            carried, = launch.run(spec.NEXT_VALID, c.backend, c.cd, spec.NEXT_VALID.bind(
-                values=c.r(values), mask=c.r(mask), carry=c.r_row(bootstrap_value)), c.rows, [None])
-            carried = c.r(carried)
-        return c.run_fused(spec.MASKED_GAE, rewards=c.r(rewards), values=c.r(values), carried=carried,
-                           bootstrap_value=c.r_row(bootstrap_value), mask=c.r(mask), gamma=c.r(g), lmbda=c.r(l),
-                           mask_mode=mode)
+        return c.run_fused(spec.MASKED_GAE if mode == "skip" else spec.PADDED_GAE, rewards=c.r(rewards),
+                           values=c.r(values), bootstrap_value=c.r_row(bootstrap_value), mask=c.r(mask),
+                           gamma=c.r(g), lmbda=c.r(l))
     m = c.r(mask) != 0
     r, v, boot = c.f(rewards), c.f(values), c.f_row(bootstrap_value)
-    if mode == spec.MASK_SKIP:
+    if mode == "skip":
         carried = scan.scan(torch.where(m, v, 0.0), (~m).to(c.cd), boot, True, c.backend)
         nv = torch.cat([carried[:, 1:], boot[:, None]], 1)
         alpha, beta = C.masked_gae(r, v, nv, m.to(c.cd), c.f(g), c.f(l))

@@ -9,8 +9,7 @@ Argument kinds:
   absent;
 - ``s``: a float number; ``b``: a bool;
 - ``i``: a mode integer for the numba kernels, derived from which inputs are present
-  (:meth:`Algorithm.bind` fills it; Triton reads the same from which inputs are None), except
-  ``mask_mode``, which the caller passes (Triton compiles one kernel per value).
+  (:meth:`Algorithm.bind` fills it; Triton reads the same from which inputs are None).
 
 An argument named ``carry`` is the value beyond the window edge, where the scan starts (0 when
 an algorithm has none); it is always the third argument (``CARRY``), so one Triton INIT loads it
@@ -42,10 +41,9 @@ NV_EXPLICIT, NV_IMPLIED = 0, 1
 DONE_ARRAY, DONE_TERM_OR_TRUNC, DONE_OBS_ALIGNED = 0, 1, 2
 # how Retrace's expected next value is read: given, or summed over next_pi * next_q
 EV_GIVEN, EV_PAIRS = 0, 1
-# how a token mask acts (docs/semantics.md, section 13): masked steps are skipped in time (verl), or
-# their rewards and values are zeroed (TRL, OpenRLHF)
-MASK_SKIP, MASK_PAD = 0, 1
-MASK_MODES = {"skip": MASK_SKIP, "pad": MASK_PAD}
+# how a token mask acts (docs/semantics.md, section 13), each its own algorithm: masked steps are
+# skipped in time (verl), or their rewards and values read as 0 (TRL, OpenRLHF)
+MASK_MODES = ("skip", "pad")
 
 
 def _modes(kw: dict) -> dict:
@@ -66,9 +64,10 @@ def _modes(kw: dict) -> dict:
 class Algorithm:
     """A fused algorithm: ``args`` in kernel order, ``outputs``, and ``reverse`` (the scan runs
     backwards in time; None: the ``reverse`` argument says). ``need_prev``: the Triton epilogue
-    reads y one step earlier in scan order."""
+    reads y one step earlier in scan order. ``pair``: the scan carries two values (the engine's
+    two-state scan)."""
 
-    def __init__(self, name: str, args, outputs, *, reverse, need_prev: bool = False):
+    def __init__(self, name: str, args, outputs, *, reverse, need_prev: bool = False, pair: bool = False):
         self.name = name
         self.args = tuple(args)
         self.names = tuple(a.name for a in self.args)
@@ -76,6 +75,7 @@ class Algorithm:
         self.outputs = tuple(outputs)
         self.reverse = reverse
         self.need_prev = need_prev
+        self.pair = pair
         self.Args = namedtuple(f"{name}_args", self.names, defaults=(None,) * len(self.names))
         # the position of each argument in the arguments and of each output in the outputs, by
         # name (Triton kernels index their argument tuples with these)
@@ -95,9 +95,9 @@ class Algorithm:
 
     def bind(self, **kw):
         """The arguments by name (absent ones None), the mode integers filled in."""
-        if self.modes:  # mask_mode is the caller's choice; the others follow from the inputs
+        if self.modes:
             modes = _modes(kw)
-            kw.update((m, modes[m]) for m in self.modes if m in modes)
+            kw.update((m, modes[m]) for m in self.modes)
         return self.Args(**kw)
 
     def __repr__(self):
@@ -137,22 +137,18 @@ RETRACE = Algorithm(
      *FLAGS, *_f2("gamma", "lmbda"), Arg("c_bar", "s"), Arg("ev_mode", "i"), Arg("done_mode", "i")),
     ("q_targets",), reverse=True)
 
-# GAE over the tokens of a response mask. Skip: a masked step keeps the carried advantage and
-# next value (alpha 0, beta 1); ``carried`` holds, where given, the value of the first unmasked step
-# at or after each t (NEXT_VALID's output: the Triton path computes it first, numba carries it in
-# its loop). Pad: rewards and values read as 0 where the mask is 0.
+# GAE over the unmasked steps of a response (skip): a masked step carries the next value and the
+# advantage; a two-state scan (the next unmasked value, the advantage)
 MASKED_GAE = Algorithm(
     "masked_gae",
-    (*_f2("rewards", "values", "carried"), Arg("bootstrap_value", "f1"), Arg("mask", "u2"), *_f2("gamma", "lmbda"),
-     Arg("mask_mode", "i")),
-    ("advantages", "value_targets"), reverse=True)
+    (*_f2("rewards", "values"), Arg("bootstrap_value", "f1"), Arg("mask", "u2"), *_f2("gamma", "lmbda")),
+    ("advantages", "value_targets"), reverse=True, pair=True)
 
-# y[t] = values[s] at the first s >= t where the mask is set, or the carry (the bootstrap value)
-# where none is
-NEXT_VALID = Algorithm(
-    "next_valid",
-    (*_f2("values"), Arg("mask", "u2"), Arg("carry", "f1")),
-    ("carried",), reverse=True)
+# GAE with rewards and values read as 0 where the mask is 0 (pad)
+PADDED_GAE = Algorithm(
+    "padded_gae",
+    (*_f2("rewards", "values"), Arg("bootstrap_value", "f1"), Arg("mask", "u2"), *_f2("gamma", "lmbda")),
+    ("advantages", "value_targets"), reverse=True)
 
 ELIGIBILITY_TRACE = Algorithm(
     "eligibility_trace",
@@ -165,4 +161,4 @@ AFFINE_SCAN = Algorithm(
     ("y",), reverse=None)
 
 ALGORITHMS = {a.name: a for a in (GAE, TD_LAMBDA_RETURN, DISCOUNTED_RETURN, VTRACE, RETRACE, ELIGIBILITY_TRACE,
-                                  AFFINE_SCAN, MASKED_GAE, NEXT_VALID)}
+                                  AFFINE_SCAN, MASKED_GAE, PADDED_GAE)}

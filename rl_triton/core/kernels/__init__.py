@@ -115,7 +115,7 @@ _launches: dict = {}
 
 class _Config(NamedTuple):
     """One launch shape: grid, block sizes, segment arguments, the engine's constexpr arguments in
-    its order (BUILD ... ONE_CHUNK; IDX is added per call) per phase, num_warps, and the part of the
+    its order (BUILD ... PAIR; IDX is added per call) per phase, num_warps, and the part of the
     kernel cache key it fixes."""
 
     grid: tuple
@@ -138,6 +138,8 @@ def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: b
         need_prev = algo.need_prev
         block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device, reverse, need_prev,
                                                                          streams)
+        if algo.pair:  # the two-state scan walks whole rows (the engine splits no time for it)
+            n_seg, seg_chunks = 1, _cdiv(T, block_t)
         acc = tl.float64 if acc64 else tl.float32
         even = (R % block_r == 0, T % block_t == 0)
         # reverse scans mirror runs of one vector load (16 bytes of the accumulation dtype);
@@ -145,7 +147,7 @@ def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: b
         vec = min(block_t, 2 if acc64 else 4) if reverse and block_t > 8 else 0
         one_chunk = n_seg == 1 and block_t >= T
         constexprs = {phase: (build, init, store, reverse, need_prev, phase, acc, block_r, block_t, vec, seg_block,
-                              *even, one_chunk)
+                              *even, one_chunk, algo.pair)
                       for phase in (0, 1, 2)}
         config = _Config((_cdiv(R, block_r), n_seg), block_r, block_t, seg_chunks, n_seg, constexprs, num_warps,
                          (algo.name, acc64, reverse, block_r, block_t, seg_block, num_warps, device))

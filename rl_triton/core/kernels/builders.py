@@ -35,7 +35,7 @@ RETRACE = _positions(spec.RETRACE)
 ELIGIBILITY_TRACE = _positions(spec.ELIGIBILITY_TRACE)
 AFFINE_SCAN = _positions(spec.AFFINE_SCAN)
 MASKED_GAE = _positions(spec.MASKED_GAE)
-NEXT_VALID = _positions(spec.NEXT_VALID)
+PADDED_GAE = _positions(spec.PADDED_GAE)
 CARRY = tl.constexpr(spec.CARRY)  # the carry argument, where an algorithm has one
 
 
@@ -150,38 +150,52 @@ def gae_store(ins, outs, rows, t, mask, y, y_prev, v, T, ACC: tl.constexpr):
 
 @triton.jit
 def masked_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
+    # the two-state scan (engine, PAIR): x = the value of the next unmasked step, y = the advantage;
+    # at an unmasked step x = v and y = r - v + g*x_next + g*l*y_next, at a masked step both carry
     m = load_flag(ins[MASKED_GAE.mask], rows, t, mask)
-    r = load(ins[MASKED_GAE.rewards], rows, t, mask, ACC)
     v = load(ins[MASKED_GAE.values], rows, t, mask, ACC)
+    r = load(ins[MASKED_GAE.rewards], rows, t, mask, ACC)
     g = coef(ins[MASKED_GAE.gamma], rows, t, mask, ACC)
     l = coef(ins[MASKED_GAE.lmbda], rows, t, mask, ACC)
-    if ins[MASKED_GAE.carried] is not None:
-        # skip: the next unmasked step's value is carried[t+1] (the bootstrap value at t = T-1)
-        nv = _next_value(None, ins[MASKED_GAE.carried], ins[MASKED_GAE.bootstrap_value], rows, t, mask, T, ACC)
-        alpha, beta = _masked_gae(r, v, nv, tl.where(m, 1.0, 0.0).to(ACC), g, l)
-        return alpha, beta, v
-    else:
-        # pad: rewards and values are 0 where the mask is 0, the next value too
-        last = (t == T - 1)[None, :]
-        m_next = load_flag(ins[MASKED_GAE.mask], rows, t + 1, mask & ~last) | last
-        nv = _next_value(None, ins[MASKED_GAE.values], ins[MASKED_GAE.bootstrap_value], rows, t, mask, T, ACC)
-        v = tl.where(m, v, 0.0)
-        ones = tl.full(v.shape, 1.0, ACC)
-        alpha, beta = _gae(tl.where(m, r, 0.0), v, tl.where(m_next, nv, 0.0), ones, ones, g, l)
-        return alpha, beta, v
+    ones = tl.full(v.shape, 1.0, ACC)
+    delta, decay = _masked_gae(r, v, 0.0, tl.where(m, 1.0, 0.0).to(ACC), g, l)
+    return (tl.where(m, v, 0.0), delta), (tl.where(m, 0.0, ones), decay, tl.where(m, g * ones, 0.0)), v
+
+
+@triton.jit
+def masked_gae_init(ins, rows, rmask, T, ACC: tl.constexpr):
+    return load_row(ins[MASKED_GAE.bootstrap_value], rows, rmask, ACC), tl.zeros((rows.shape[0],), ACC)
+
+
+@triton.jit
+def _advantages_store(outs, rows, t, mask, y, v):
+    store(outs[0], rows, t, mask, y)
+    store(outs[1], rows, t, mask, y + v)
 
 
 @triton.jit
 def masked_gae_store(ins, outs, rows, t, mask, y, y_prev, v, T, ACC: tl.constexpr):
-    store(outs[MASKED_GAE.advantages], rows, t, mask, y)
-    store(outs[MASKED_GAE.value_targets], rows, t, mask, y + v)
+    _advantages_store(outs, rows, t, mask, y, v)
 
 
 @triton.jit
-def next_valid_build(ins, rows, t, mask, T, ACC: tl.constexpr):
-    m = load_flag(ins[NEXT_VALID.mask], rows, t, mask)
-    v = load(ins[NEXT_VALID.values], rows, t, mask, ACC)
-    return tl.where(m, v, 0.0), tl.where(m, 0.0, 1.0).to(ACC), 0
+def padded_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
+    # rewards, values and the next value read as 0 where the mask is 0
+    m = load_flag(ins[PADDED_GAE.mask], rows, t, mask)
+    last = (t == T - 1)[None, :]
+    m_next = load_flag(ins[PADDED_GAE.mask], rows, t + 1, mask & ~last) | last
+    nv = _next_value(None, ins[PADDED_GAE.values], ins[PADDED_GAE.bootstrap_value], rows, t, mask, T, ACC)
+    v = tl.where(m, load(ins[PADDED_GAE.values], rows, t, mask, ACC), 0.0)
+    ones = tl.full(v.shape, 1.0, ACC)
+    alpha, beta = _gae(tl.where(m, load(ins[PADDED_GAE.rewards], rows, t, mask, ACC), 0.0), v,
+                       tl.where(m_next, nv, 0.0), ones, ones, coef(ins[PADDED_GAE.gamma], rows, t, mask, ACC),
+                       coef(ins[PADDED_GAE.lmbda], rows, t, mask, ACC))
+    return alpha, beta, v
+
+
+@triton.jit
+def padded_gae_store(ins, outs, rows, t, mask, y, y_prev, v, T, ACC: tl.constexpr):
+    _advantages_store(outs, rows, t, mask, y, v)
 
 
 @triton.jit
@@ -278,7 +292,9 @@ def affine_scan_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     return alpha, beta, 0
 
 
-# name: (BUILD, INIT, STORE): ``<name>_build``, the carry argument or zero, ``<name>_store`` or y itself
-PARTS = {name: (globals()[f"{name}_build"], carry_init if algo.has_carry else zero_init,
+# name: (BUILD, INIT, STORE): ``<name>_build``, ``<name>_init`` or the carry argument or zero,
+# ``<name>_store`` or y itself
+PARTS = {name: (globals()[f"{name}_build"],
+                globals().get(f"{name}_init") or (carry_init if algo.has_carry else zero_init),
                 globals().get(f"{name}_store", store_y))
          for name, algo in spec.ALGORITHMS.items()}

@@ -28,6 +28,11 @@ plain numbers, or None for absent inputs (compile-time specialised).
 Phases: 0 = one pass per row; with the time axis split into segments, 1 = each program
 reduces its segment to the affine map y_out = A + B*y_in (written to ``ws``), 2 = each program
 folds the maps of the segments before it into its incoming carry and scans for real.
+
+``PAIR`` algorithms scan a state of two values (phase 0 only): a first value that follows its
+own recurrence, x[t] = a1 + b1*x[t-1], and y[t] = a2 + c*x[t-1] + b2*y[t-1], which reads it
+(GAE skipping masked steps: x the value of the next unmasked step). BUILD returns
+``((a1, a2), (b1, b2, c), ctx)``, INIT the pair of carries ``(x, y)``, and STORE sees y.
 """
 
 import triton
@@ -46,6 +51,16 @@ def combine(a1, b1, a2, b2):
     # (a1, b1) is the part already folded in scan order: y = a2 + b2 * (a1 + b1 * y_in); where b2
     # is 0 nothing before it is read, not even an inf or NaN coefficient
     return _step(a2, b2, a1), tl.where(b2 == 0, 0.0, b1 * b2)
+
+
+@triton.jit
+def combine_pair(a1, b1, a2, b2, c1, e1, f1, e2, f2, g1):
+    # the two-state map (a1, b1, a2, b2, c1) is the part already folded in scan order and
+    # (e1, f1, e2, f2, g1) follows it: x = e1 + f1*x', y = e2 + g1*x' + f2*y' of x' = a1 + b1*x_in,
+    # y' = a2 + c1*x_in + b2*y_in; a zero coefficient reads nothing, as in ``combine``
+    y0 = _step(e2, f2, a2) + tl.where(g1 == 0, 0.0, g1 * a1)
+    cross = tl.where(g1 == 0, 0.0, g1 * b1) + tl.where(f2 == 0, 0.0, f2 * c1)
+    return _step(e1, f1, a1), tl.where(f1 == 0, 0.0, f1 * b1), y0, tl.where(f2 == 0, 0.0, f2 * b2), cross
 
 
 @triton.jit
@@ -144,7 +159,8 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
                 BUILD: tl.constexpr, INIT: tl.constexpr, STORE: tl.constexpr,
                 REVERSE: tl.constexpr, NEED_PREV: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, VEC: tl.constexpr, SEG_BLOCK: tl.constexpr,
-                EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, ONE_CHUNK: tl.constexpr, IDX: tl.constexpr):
+                EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, ONE_CHUNK: tl.constexpr, PAIR: tl.constexpr,
+                IDX: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     if EVEN_R:
         rmask = tl.full((BLOCK_R,), 1, tl.int1)
@@ -169,7 +185,9 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
         c_lo = seg * seg_chunks
         c_hi = tl.minimum(c_lo + seg_chunks, n_chunks)
 
-    if PHASE == 1:
+    if PAIR:
+        cx, ca = INIT(ins, rows, rmask, T, ACC)
+    elif PHASE == 1:
         ca = tl.zeros((BLOCK_R,), ACC)
         cb = tl.zeros((BLOCK_R,), ACC) + 1.0
     else:
@@ -198,32 +216,58 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
             mask = rmask[:, None] & tl.full((1, BLOCK_T), 1, tl.int1)
         else:
             mask = rmask[:, None] & (t < T)[None, :]
-        alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
-        if not (EVEN_R and EVEN_T):
-            alpha = tl.where(mask, alpha, 0.0)
-            beta = tl.where(mask, beta, 1.0)
-        if MIRROR:
-            alpha = _mirror(alpha, VEC)
-            beta = _mirror(beta, VEC)
-        A, B = tl.associative_scan((alpha, beta), 1, combine, reverse=DOWN)
-        if PHASE == 1:
-            a_end = _pick(A, lanes, END)
-            b_end = _pick(B, lanes, END)
-            ca = _step(a_end, b_end, ca)
-            cb = b_end * cb
-        else:
-            y = _step(A, B, ca[:, None])
-            if NEED_PREV:
-                y_prev = _shifted(y, lanes, ca, DOWN)
-                if MIRROR:
-                    y_prev = _mirror(y_prev, VEC)
+        if PAIR:
+            alphas, betas, ctx = BUILD(ins, rows, t, mask, T, ACC)
+            a1 = alphas[0]
+            a2 = alphas[1]
+            b1 = betas[0]
+            b2 = betas[1]
+            c1 = betas[2]
+            if not (EVEN_R and EVEN_T):
+                a1 = tl.where(mask, a1, 0.0)
+                a2 = tl.where(mask, a2, 0.0)
+                b1 = tl.where(mask, b1, 1.0)
+                b2 = tl.where(mask, b2, 1.0)
+                c1 = tl.where(mask, c1, 0.0)
+            if MIRROR:
+                a1, b1, a2, b2, c1 = _mirror(a1, VEC), _mirror(b1, VEC), _mirror(a2, VEC), _mirror(b2, VEC), _mirror(
+                    c1, VEC)
+            A1, B1, A2, B2, C1 = tl.associative_scan((a1, b1, a2, b2, c1), 1, combine_pair, reverse=DOWN)
+            x = _step(A1, B1, cx[:, None])
+            y = _step(A2, B2, ca[:, None]) + tl.where(C1 == 0, 0.0, C1 * cx[:, None])
             if not ONE_CHUNK:
+                cx = _pick(x, lanes, END)
                 ca = _pick(y, lanes, END)
             if MIRROR:
                 y = _mirror(y, VEC)
-            if not NEED_PREV:
-                y_prev = y
-            STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
+            STORE(ins, outs, rows, t, mask, y, y, ctx, T, ACC)
+        else:
+            alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
+            if not (EVEN_R and EVEN_T):
+                alpha = tl.where(mask, alpha, 0.0)
+                beta = tl.where(mask, beta, 1.0)
+            if MIRROR:
+                alpha = _mirror(alpha, VEC)
+                beta = _mirror(beta, VEC)
+            A, B = tl.associative_scan((alpha, beta), 1, combine, reverse=DOWN)
+            if PHASE == 1:
+                a_end = _pick(A, lanes, END)
+                b_end = _pick(B, lanes, END)
+                ca = _step(a_end, b_end, ca)
+                cb = b_end * cb
+            else:
+                y = _step(A, B, ca[:, None])
+                if NEED_PREV:
+                    y_prev = _shifted(y, lanes, ca, DOWN)
+                    if MIRROR:
+                        y_prev = _mirror(y_prev, VEC)
+                if not ONE_CHUNK:
+                    ca = _pick(y, lanes, END)
+                if MIRROR:
+                    y = _mirror(y, VEC)
+                if not NEED_PREV:
+                    y_prev = y
+                STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
 
     if PHASE == 1:
         w = (rows.to(tl.int64) * n_seg + seg) * 2
