@@ -171,7 +171,7 @@ def gae_episode_starts_blocks(rewards, values, episode_starts, bootstrap_value, 
                 value_targets[i, t] = x + values[i, t]
 
 
-def masked_gae(rewards, values, bootstrap_value, mask, gamma, lmbda, advantages, value_targets):
+def masked_gae(rewards, values, mask, bootstrap_value, gamma, lmbda, advantages, value_targets):
     """GAE over the unmasked steps: the next value and the advantage carry across masked steps;
     value targets are advantages + values at every step."""
     R, T = rewards.shape
@@ -189,7 +189,7 @@ def masked_gae(rewards, values, bootstrap_value, mask, gamma, lmbda, advantages,
             value_targets[i, t] = acc + v
 
 
-def padded_gae(rewards, values, bootstrap_value, mask, gamma, lmbda, advantages, value_targets):
+def padded_gae(rewards, values, mask, bootstrap_value, gamma, lmbda, advantages, value_targets):
     """GAE with rewards and values read as 0 where the mask is 0; value targets are advantages +
     the zeroed values."""
     R, T = rewards.shape

@@ -141,13 +141,13 @@ RETRACE = Algorithm(
 # advantage; a two-state scan (the next unmasked value, the advantage)
 MASKED_GAE = Algorithm(
     "masked_gae",
-    (*_f2("rewards", "values"), Arg("bootstrap_value", "f1"), Arg("mask", "u2"), *_f2("gamma", "lmbda")),
+    (*_f2("rewards", "values"), Arg("mask", "u2"), Arg("bootstrap_value", "f1"), *_f2("gamma", "lmbda")),
     ("advantages", "value_targets"), reverse=True, pair=True)
 
 # GAE with rewards and values read as 0 where the mask is 0 (pad)
 PADDED_GAE = Algorithm(
     "padded_gae",
-    (*_f2("rewards", "values"), Arg("bootstrap_value", "f1"), Arg("mask", "u2"), *_f2("gamma", "lmbda")),
+    (*_f2("rewards", "values"), Arg("mask", "u2"), Arg("bootstrap_value", "f1"), *_f2("gamma", "lmbda")),
     ("advantages", "value_targets"), reverse=True)
 
 ELIGIBILITY_TRACE = Algorithm(
