@@ -207,7 +207,8 @@ def verl_rows(shapes, device, rounds):
                        "ours": timed(lambda: rt_verl.compute_gae_advantage_return(r, v, mf, GAMMA, LAM))},
                       rounds=rounds, batch_s=0.05)
         print(f"| {B}x{L} | {spread([x * 1e3 for x in t['verl']], '{:.1f}')} | "
-              f"{spread([x * 1e3 for x in t['ours']], '{:.2f}')} | {spread(ratios(t['verl'], t['ours']), '{:.0f}', 'x')} |")
+              f"{spread([x * 1e3 for x in t['ours']], '{:.2f}')} | "
+              f"{spread(ratios(t['verl'], t['ours']), '{:.0f}', 'x')} |")
 
 
 def main():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import coefficients as C
-from . import inputs, launch, packed, plans, scan, spec
+from . import inputs, packed, plans, scan, spec
 from .call import TRUNCATION_HELP, Call
 from .whiten import masked_whiten
 
