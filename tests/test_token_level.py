@@ -166,6 +166,8 @@ def test_whiten_with_openrlhfs_convention(backend):
 @pytest.mark.parametrize("bad,match", [
     (dict(whiten="yes"), "whiten must be"),
     (dict(whiten=dict(unbias=False)), "whiten takes the keywords"),
+    (dict(whiten=dict(eps=-1.0)), "eps must be a number >= 0"),
+    (dict(whiten=dict(eps_mode="max")), "eps_mode must be one of"),
     (dict(mask=None, whiten=True), "need a mask"),
     (dict(mask_mode="zero"), "mask_mode must be one of"),
     (dict(mask=None, mask_mode="pad"), "need a mask"),

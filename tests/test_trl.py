@@ -15,6 +15,7 @@ import torch
 
 from rl_triton.core import kernels
 from rl_triton.integrations.trl import compute_advantages, whiten_rewards
+from rl_triton.testing import frameworks
 
 F64, F32 = torch.float64, torch.float32
 BACKENDS = ["cpu", "torch"] + (["triton"] if kernels.AVAILABLE and kernels.INTERPRET else [])
@@ -90,16 +91,8 @@ def trl_whiten_rewards(rewards, padding_mask_p1):
 
 
 def trl_advantages(rewards, values, padding_mask, gamma, lam):
-    lastgaelam = 0
-    advantages_reversed = []
-    gen_length = rewards.shape[1]
-    for t in reversed(range(gen_length)):
-        nextvalues = values[:, t + 1] if t < gen_length - 1 else 0.0
-        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
-        lastgaelam = delta + gamma * lam * lastgaelam
-        advantages_reversed.append(lastgaelam)
-    advantages = torch.stack(advantages_reversed[::-1], axis=1)
-    returns = advantages + values
+    # TRL's GAE loop is OpenRLHF's, token for token, without its action mask
+    advantages, returns = frameworks.openrlhf_gae(values, rewards, None, gamma, lam)
     advantages = trl_masked_whiten(advantages, ~padding_mask)
     advantages = torch.masked_fill(advantages, padding_mask, 0)
     return advantages, returns

@@ -110,6 +110,13 @@ class Call:
         else:
             self.term, self.trunc = terminated, truncated
 
+    def mask(self, x, name: str = "mask"):
+        """A token mask: a flag tensor of the rewards' shape (broadcastable), 0/1 where values
+        are checked."""
+        x = self.rows.flag(x, name)
+        self._check_binary(**{name: x})
+        return x
+
     def _check_binary(self, **flags) -> bool:
         """Data check that flags hold only 0 and 1; returns whether value checks are on."""
         if not inputs.value_checks_on(self.rows.device):

@@ -14,9 +14,7 @@ import torch
 from . import coefficients as C
 from . import inputs, packed, plans, scan, spec
 from .call import TRUNCATION_HELP, Call
-from .whiten import masked_whiten
-
-WHITEN_KEYWORDS = frozenset(("unbiased", "shift_mean", "scale", "eps", "eps_mode", "group"))
+from .whiten import WHITEN_OPTIONS, check_whiten_options, masked_whiten
 
 
 @plans.cached
@@ -71,28 +69,28 @@ def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, ga
         raise ValueError(f"mask_mode={mask_mode!r} and whiten need a mask")
     if whiten is not False and whiten is not True and not isinstance(whiten, dict):
         raise TypeError(f"whiten must be False, True or a dict of masked_whiten keywords, got {whiten!r}")
-    if isinstance(whiten, dict) and not set(whiten) <= WHITEN_KEYWORDS:
-        raise ValueError(f"whiten takes the keywords {sorted(WHITEN_KEYWORDS)}, got {sorted(whiten)}")
+    if isinstance(whiten, dict) and not set(whiten) <= set(WHITEN_OPTIONS):
+        raise ValueError(f"whiten takes the keywords {sorted(WHITEN_OPTIONS)}, got {sorted(whiten)}")
     given = [name for name, x in unsupported.items() if x is not None]
     if given:
         raise ValueError(f"mask does not combine with {', '.join(given)}: a response mask marks the steps of one "
                          "sequence, which ends at the window end (bootstrap_value, or 0)")
-    mask = c.rows.flag(mask, "mask")
-    c._check_binary(mask=mask)
+    mask = c.mask(mask)
     c.per_row(bootstrap_value, "bootstrap_value")
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
-    mode = mask_mode
+    options = {} if whiten is False or whiten is True else whiten
+    check_whiten_options(**options)
     fused = c.start(backend, out, 2)
     if c.empty:
         return c.empty_outputs()
     if whiten is False:
-        return _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l)
+        return _masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l)
     if c.needs_grad:
         raise ValueError("whiten= writes the advantages in place and does not support autograd; call "
                          "masked_whiten on the advantages instead")
     c.plannable = False  # the call is more than its launch
-    adv, targets = _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l)
-    masked_whiten(adv, mask.expand(adv.shape), out=adv, backend=c.backend, **({} if whiten is True else whiten))
+    adv, targets = _masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l)
+    masked_whiten(adv, mask.expand(adv.shape), out=adv, backend=c.backend, **options)
     return adv, targets
 
 

@@ -47,6 +47,29 @@ def masked_moments(x, mask=None, *, group=None):
     return n.to(torch.int64), mean.to(cd), m2.to(cd)
 
 
+# masked_whiten's options beside x, mask, out and backend (``gae(whiten=dict(...))`` takes them)
+WHITEN_OPTIONS = ("unbiased", "shift_mean", "scale", "eps", "eps_mode", "group")
+
+
+def check_whiten_options(unbiased=True, shift_mean=True, scale=True, eps=1e-8, eps_mode="add",
+                         group=None) -> float:
+    """Raise ``TypeError``/``ValueError`` for a bad option of :func:`masked_whiten` (its group's
+    membership and gradients are checked against ``x`` there); ``eps`` as a float."""
+    if group is not None:
+        _check_group_type(group)
+    for name, flag in (("unbiased", unbiased), ("shift_mean", shift_mean), ("scale", scale)):
+        if type(flag) is not bool:
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if isinstance(eps, bool) or not isinstance(eps, Real):
+        raise TypeError(f"eps must be a number, got {type(eps).__name__}")
+    eps = float(eps)
+    if math.isnan(eps) or eps < 0:
+        raise ValueError(f"eps must be a number >= 0, got {eps}")
+    if not isinstance(eps_mode, str) or eps_mode not in EPS_MODES:
+        raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
+    return eps
+
+
 def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, eps=1e-8, eps_mode="add",
                   group=None, out=None, backend=None) -> torch.Tensor:
     """Whiten ``x`` with the mean and variance of its valid elements.
@@ -65,7 +88,7 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
     ``y`` covers every position, the masked ones included (same ``mean`` and ``rstd``), and has
     ``x``'s shape and dtype; statistics accumulate in float32 (float64 for float64 ``x``), mean
     first, then the sum of squared deviations. verl: the defaults. OpenRLHF: ``unbiased=False,
-    eps_mode="clamp"``, plus ``scale=False`` for ``--algo.advantage.no_std_norm` (formerly `--no_advantage_std_norm`)`.
+    eps_mode="clamp"``, plus ``scale=False`` for ``--algo.advantage.no_std_norm``.
 
     No host synchronisation, hence no error for a degenerate selection: ``n = 0`` makes every
     output NaN (mean = 0/0), and so does ``n = 1`` with ``unbiased=True`` (var = 0/0). A NaN at
@@ -78,16 +101,7 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
     numba kernels measured no faster than them).
     """
     x, mask, group = _check_x_mask_group(x, mask, group)
-    for name, flag in (("unbiased", unbiased), ("shift_mean", shift_mean), ("scale", scale)):
-        if type(flag) is not bool:
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-    if isinstance(eps, bool) or not isinstance(eps, Real):
-        raise TypeError(f"eps must be a number, got {type(eps).__name__}")
-    eps = float(eps)
-    if math.isnan(eps) or eps < 0:
-        raise ValueError(f"eps must be a number >= 0, got {eps}")
-    if not isinstance(eps_mode, str) or eps_mode not in EPS_MODES:
-        raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
+    eps = check_whiten_options(unbiased, shift_mean, scale, eps, eps_mode)
     grad = torch.is_grad_enabled() and x.requires_grad
     if out is not None:
         _check_out(out, x)
@@ -202,12 +216,18 @@ def _check_x_mask_group(x, mask, group):
     return x, mask, group
 
 
-def _check_group(group, x: torch.Tensor):
+def _check_group_type(group):
     import torch.distributed as dist
 
     if not dist.is_available() or not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"group must be a torch.distributed ProcessGroup (e.g. dist.group.WORLD) or None, "
                         f"got {type(group).__name__}")
+
+
+def _check_group(group, x: torch.Tensor):
+    import torch.distributed as dist
+
+    _check_group_type(group)
     if dist.get_rank(group) < 0:
         raise ValueError("group: this process is not a member of the process group")
     if torch.is_grad_enabled() and x.requires_grad:
