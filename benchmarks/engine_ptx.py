@@ -54,7 +54,26 @@ def _calls(rt, torch, R, T, dtype, g):
         "episodic_cumsum": lambda: rt.episodic_cumsum(r, done=done, **kw),
         "affine_scan": lambda: rt.affine_scan(r, v, initial=boot, **kw),
         "affine_scan_forward": lambda: rt.affine_scan(r, v, reverse=False, **kw),
+        "gae_mask_skip": lambda: rt.gae(r, v, mask=~term, bootstrap_value=boot, **kw),
+        "gae_mask_pad": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", **kw),
+        # a chunk of a sequence split across ranks: the edge maps' reduce launches (rl_triton/core/sharded.py)
+        "gae_edge_map": _chunk(torch, R, 2, lambda: rt.gae(r, v, bootstrap_value=boot, done=done, **kw)),
+        "vtrace_edge_map": _chunk(torch, R, 2, lambda: rt.vtrace(r, v, lp, lm, done=done, **kw)),
+        "gae_mask_skip_edge_map": _chunk(torch, R, 5, lambda: rt.gae(r, v, mask=~term, **kw)),
     }
+
+
+def _chunk(torch, R, width, call):
+    """``call`` as one chunk of a sequence split across ranks, asking for its edge map."""
+    def run():
+        from rl_triton.core.plans import CHUNK, Chunk
+
+        token = CHUNK.set(Chunk(torch.zeros(R), torch.zeros(R, width + 1, dtype=torch.float64)))
+        try:
+            return call()
+        finally:
+            CHUNK.reset(token)
+    return run
 
 
 def collect(root: str | None) -> dict:

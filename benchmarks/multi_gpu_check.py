@@ -15,6 +15,13 @@ enough GPUs, else gloo on the CPU; NCCL_NVLS_ENABLE=0) run a DDP-style loop: eac
 values with a DistributedDataParallel value network on its shard of the environments, GAE on
 that shard, a value loss and an optimiser step; the advantages are all-gathered and rank 0
 compares them with GAE on the whole rollout on one device and with the float64 oracle.
+
+Part 3: the same ranks split one sequence along time (``group=``, docs/distributed.md): every
+estimator and flag form of the catalog, response masks of both kinds with whitening, and group
+advantages over responses spread across ranks, on uneven chunks (one empty) with flags on the
+chunk boundaries, each rank's slice against the single-device call (float64 to 1e-12, float32
+to 1e-5) and the float64 oracle. ``--sharded-device cuda`` with gloo puts every rank's tensors
+on GPU 0 (the Triton kernels, one GPU).
 """
 
 from __future__ import annotations
@@ -129,7 +136,80 @@ def _rank(rank: int, world: int, backend: str, result_file: str, n_envs: int, T:
     dist.destroy_process_group()
 
 
-def check_distributed(backend: str, world: int, n_envs: int = 64, T: int = 256, iterations: int = 3):
+def _sharded_rank(rank: int, world: int, backend: str, result_file: str, device: str):
+    from rl_triton.testing import catalog
+
+    dist.init_process_group(backend, init_method=f"file://{result_file}.rendezvous", rank=rank, world_size=world)
+    dev = torch.device("cuda", rank if backend == "nccl" else 0) if backend == "nccl" or device == "cuda" else \
+        torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    group = dist.group.WORLD
+    lengths = [max(1, 29 + 13 * k) if k != world // 2 else 0 for k in range(world)]  # uneven, one empty
+    bounds = [sum(lengths[:k]) for k in range(world + 1)]
+    lo, hi = bounds[rank], bounds[rank + 1]
+    worst = {"vs_single_f64": 0.0, "vs_single_f32": 0.0, "vs_oracle": 0.0}
+
+    def note(key, got, want):
+        worst[key] = max(worst[key], rel_err(got.double().cpu().numpy(), want))
+
+    for fn, variants in catalog.VARIANTS.items():
+        for variant in variants:
+            for dtype in (torch.float64, torch.float32):
+                p = catalog.make(fn, (5, bounds[-1]), variant, dtype=dtype, device=dev, seed=3, p_term=0.1,
+                                 p_trunc=0.05).flagged_at(bounds[1:-1])
+                whole = p.call()
+                got = p.steps(lo, hi).call(group=group)
+                key = "vs_single_f64" if dtype == torch.float64 else "vs_single_f32"
+                for g, w, e in zip(got, whole, p.expected()):
+                    note(key, g, w[:, lo:hi].double().cpu().numpy())
+                    note("vs_oracle", g, e[:, lo:hi])
+    g = torch.Generator().manual_seed(5)
+    r, v = (torch.randn(5, bounds[-1], generator=g, dtype=torch.float64).to(dev) for _ in range(2))
+    mask = (torch.rand(5, bounds[-1], generator=g) < 0.7).to(dev)
+    for kw in (dict(mask_mode="skip"), dict(mask_mode="pad"), dict(mask_mode="skip", whiten=True)):
+        whole = rt.gae(r, v, mask=mask, **kw)
+        got = rt.gae(r[:, lo:hi], v[:, lo:hi], mask=mask[:, lo:hi], group=group, **kw)
+        for gt, w in zip(got, whole):
+            note("vs_single_f64", gt, w[:, lo:hi].cpu().numpy())
+    scores = torch.randn(4 * world, generator=g, dtype=torch.float64).to(dev)
+    ids = torch.randint(0, 3, (4 * world,), generator=g).to(dev)
+    tokens = (torch.rand(4 * world, 6, generator=g) < 0.8).to(dev)
+    mine = slice(4 * rank, 4 * rank + 4)
+    for mode in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
+        whole = rt.group_advantages(scores, ids, mode=mode, mask=tokens)
+        got = rt.group_advantages(scores[mine], ids[mine], mode=mode, mask=tokens[mine], group=group, num_groups=3)
+        note("vs_single_f64", got, whole[mine].cpu().numpy())
+    for key in worst:
+        t = torch.tensor([worst[key]], dtype=torch.float64, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        worst[key] = float(t)
+    if rank == 0:
+        with open(result_file, "w") as f:
+            json.dump(worst, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def check_sharded(backend: str, world: int, device: str = "cpu"):
+    """Part 3; returns (name, ok, detail) lines."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result_file = os.path.join(tmp, "result.json")
+        mp.spawn(_sharded_rank, args=(world, backend, result_file, device), nprocs=world, join=True)
+        with open(result_file) as f:
+            res = json.load(f)
+    where = "one GPU per rank" if backend == "nccl" else "GPU 0" if device == "cuda" else "CPU"
+    name = f"{world} ranks ({backend}, {where}), sequences split along time"
+    return [(f"{name}: every estimator, masks, group advantages vs single device, float64",
+             res["vs_single_f64"] <= 1e-12, f"rel err {res['vs_single_f64']:.1e}"),
+            (f"{name}: every estimator vs single device, float32", res["vs_single_f32"] <= TOL,
+             f"rel err {res['vs_single_f32']:.1e}"),
+            (f"{name}: every estimator vs float64 oracle", res["vs_oracle"] <= TOL, f"rel err {res['vs_oracle']:.1e}")]
+
+
+def check_distributed(backend: str, world: int, n_envs: int = 48, T: int = 256, iterations: int = 3):
     """Run the ranks; returns (name, ok, detail) lines."""
     import torch.multiprocessing as mp
 
@@ -150,7 +230,9 @@ def main():
     p.add_argument("--world-size", type=int, default=2, help="ranks of the torch.distributed part")
     p.add_argument("--dist-backend", choices=("auto", "nccl", "gloo"), default="auto",
                    help="auto: NCCL when there is a GPU per rank, else gloo on the CPU")
-    p.add_argument("--skip-devices", action="store_true", help="only the torch.distributed part")
+    p.add_argument("--skip-devices", action="store_true", help="only the torch.distributed parts")
+    p.add_argument("--sharded-device", choices=("cpu", "cuda"), default="cpu",
+                   help="where gloo ranks keep the tensors of part 3 (cuda: all on GPU 0)")
     args = p.parse_args()
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     lines = []
@@ -165,6 +247,7 @@ def main():
     if backend == "auto":
         backend = "nccl" if n >= args.world_size else "gloo"
     lines += check_distributed(backend, args.world_size)
+    lines += check_sharded(backend, args.world_size, args.sharded_device)
     for name, ok, detail in lines:
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
     failures = sum(not ok for _, ok, _ in lines)

@@ -25,7 +25,7 @@ _BUILD = textwrap.dedent("""
     import sys
     import numpy as np
     from rl_triton.core import cpu, spec
-    kernel = cpu._kernel(cpu.affine_scan, (*spec.AFFINE_SCAN.kinds, "o2"), np.dtype(np.float64),
+    kernel = cpu._kernel(cpu.affine_scan, (*spec.AFFINE_SCAN.kinds, "o2", "e"), np.dtype(np.float64),
                          sys.argv[1] == "parallel")
     print(sum(kernel.stats.cache_hits.values()))
 """)

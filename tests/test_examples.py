@@ -55,3 +55,31 @@ def test_llm_token_ppo_runs(estimator, tmp_path):
     assert "| verl loop |" in result.stdout and "| rl_triton |" in result.stdout
     for name in ("iterations.csv", "scores.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_distributed_gae_runs_under_torchrun(tmp_path):
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]), MPLBACKEND="Agg")
+    # gloo on CPU whatever the machine (nccl would need a GPU per rank)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                             "--master_port", str(_free_port()), os.path.join(ROOT, "examples", "distributed_gae.py"),
+                             "--backend", "gloo", "--steps", "20000", "--iterations", "2", "--out", str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    # torchrun's own notice (OMP_NUM_THREADS) is a few lines; the helper's bound leaves room for it
+    assert_clean_log(result.stderr, tmp_path)
+    assert "| sharded |" in result.stdout and "| all-gather |" in result.stdout, result.stdout[-2000:]
+    assert (tmp_path / "timings.csv").stat().st_size > 0
+    with open(tmp_path / "timings.csv") as f:
+        assert len(f.read().splitlines()) == 1 + 2 * 2  # header, then 2 iterations x 2 ways

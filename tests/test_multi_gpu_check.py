@@ -1,6 +1,7 @@
-"""benchmarks/multi_gpu_check.py: its torch.distributed part runs here with gloo on the CPU (two
-ranks, a DDP loop, GAE per shard gathered and compared with the whole rollout and the oracle);
-its device-placement part needs CUDA."""
+"""benchmarks/multi_gpu_check.py: its torch.distributed parts run here with gloo on the CPU (two
+ranks: a DDP loop, GAE per shard gathered and compared with the whole rollout and the oracle;
+one sequence split along time, every estimator against the single-device call); its
+device-placement part needs CUDA."""
 
 import os
 import subprocess
@@ -24,7 +25,9 @@ def test_two_gloo_ranks_match_the_single_device_gae():
     assert rc == 0, out[-3000:]
     assert "ok   2 ranks (gloo, CPU), 3 DDP steps: gathered GAE vs single device" in out
     assert "ok   2 ranks (gloo, CPU): gathered GAE vs float64 oracle" in out
-    assert "2/2 checks passed" in out
+    assert "ok   2 ranks (gloo, CPU), sequences split along time: every estimator, masks, group advantages vs single " \
+        "device, float64" in out
+    assert "5/5 checks passed" in out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -21,7 +21,7 @@ def test_numba_kernel_parameters_are_the_spec_names(name):
     algo = spec.ALGORITHMS[name]
     kernels = [cpu.KERNELS[name]] + ([cpu.gae_row_blocks] if algo is spec.GAE else [])
     for kernel in kernels:
-        assert tuple(inspect.signature(kernel).parameters) == algo.names + algo.outputs, kernel.__name__
+        assert tuple(inspect.signature(kernel).parameters) == algo.names + algo.outputs + ("edge",), kernel.__name__
 
 
 def test_episode_starts_kernels_take_gae_names():

@@ -203,6 +203,20 @@ class Call:
     def run_fused(self, algo: spec.Algorithm, **args):
         """Run ``algo``'s fused kernel on ``[R, T]`` views of the named arguments; where the call
         is recorded (rl_triton/core/plans.py), through the plan it leaves."""
+        chunk = plans.chunk()
+        if chunk is not None:
+            edge = None
+            if chunk.edge is not None:
+                own = args.get("carry")
+                chunk.edge[:, -1] = 0.0 if own is None else own
+                edge = torch.empty(self.rows.R, chunk.edge.shape[1] - 1, dtype=torch.float64, device=self.rows.device)
+            if chunk.carry is not None:
+                args["carry"] = chunk.carry
+            args.update(chunk.args or {})
+            results = launch.run(algo, self.backend, self.cd, algo.bind(**args), self.rows, self.out, edge=edge)
+            if edge is not None:
+                chunk.edge[:, :-1] = edge
+            return results if len(results) > 1 else results[0]
         args = algo.bind(**args)
         recorder = plans.recorder()
         if recorder is not None and self.plannable and not any(self.aliased) \
@@ -228,6 +242,33 @@ class Call:
     def f(self, x):
         """``[R, T]`` in the compute dtype for the composed path; numbers pass through."""
         return self.rows.rows(x).to(self.cd) if isinstance(x, torch.Tensor) else x
+
+    def carry(self, default):
+        """The composed path's carry: the chunk's where one is given, else ``default`` ([R])."""
+        chunk = plans.chunk()
+        if chunk is None or chunk.carry is None:
+            return default
+        if chunk.edge is not None:
+            chunk.edge[:, -1] = default
+        return chunk.carry.to(self.cd)
+
+    def chunk_arg(self, name: str):
+        """A kernel argument the chunk sets (``[R]``, compute dtype), or None."""
+        chunk = plans.chunk()
+        x = None if chunk is None or chunk.args is None else chunk.args.get(name)
+        return None if x is None else x.to(self.cd)
+
+    def edge_map(self, y, beta, reverse: bool) -> None:
+        """The composed path's edge map (spec.py) from its scan ``y`` and ``beta``, where the
+        chunk asks for one: the value at the ending edge and its gain, the scan of ``beta`` alone
+        from 1."""
+        chunk = plans.chunk()
+        if chunk is None or chunk.edge is None:
+            return
+        end = 0 if reverse else -1
+        ones = torch.ones(self.rows.R, dtype=self.cd, device=self.rows.device)
+        chunk.edge[:, 0] = y[:, end]
+        chunk.edge[:, 1] = launch.scan_rows(torch.zeros_like(y), beta, ones, reverse, self.backend)[:, end]
 
     def f_row(self, x):
         if x is None:

@@ -27,7 +27,7 @@ except ImportError:  # the torch backend serves CPU tensors without numba
 
 from . import coefficients as C
 from . import spec
-from .spec import DONE_ARRAY, DONE_OBS_ALIGNED, EV_GIVEN, NV_EXPLICIT, NV_IMPLIED
+from .spec import DONE_ARRAY, DONE_OBS_ALIGNED, EV_GIVEN, NV_EXPLICIT_EDGE, NV_IMPLIED
 
 AVAILABLE = nb is not None
 
@@ -77,17 +77,31 @@ if AVAILABLE:
         return bar if x > bar else x
 
     @_inline
+    def _gain(gain, b):
+        """The running product of the betas in scan order, 0 from a zero beta on (the engine's
+        ``combine``): how the value handed on moves with the carry."""
+        return 0.0 if b == 0 else gain * b
+
+    @_inline
+    def _edge(edge, i, handed, gain):
+        """Row i's edge map (spec.py), where one is asked for (``edge`` has rows)."""
+        if edge.shape[0] > 0:
+            edge[i, 0] = handed
+            edge[i, 1] = gain
+
+    @_inline
     def _next_value(nv, v_next, boot, nv_mode, last):
-        if nv_mode == NV_EXPLICIT:
+        if nv_mode != NV_IMPLIED:
             return nv
         return boot if last else v_next
 
 
-def gae(rewards, values, next_values, bootstrap_value, terminated, done, truncated, last_done, gamma, lmbda,
-        nv_mode, done_mode, advantages, value_targets):
+def gae(rewards, values, carry, next_values, bootstrap_value, terminated, done, truncated, last_done, gamma, lmbda,
+        nv_mode, done_mode, advantages, value_targets, edge):
     R, T = rewards.shape
     for i in prange(R):
-        acc = 0.0
+        acc = carry[i] * 1.0
+        gain = 1.0
         for t in range(T - 1, -1, -1):
             tn = min(t + 1, T - 1)
             nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, tn], truncated[i, t], last_done[i], done_mode,
@@ -95,8 +109,10 @@ def gae(rewards, values, next_values, bootstrap_value, terminated, done, truncat
             nvt = _next_value(next_values[i, t], values[i, tn], bootstrap_value[i], nv_mode, t == T - 1)
             a, b = _c_gae(rewards[i, t], values[i, t], nvt, nterm, ndone, gamma[i, t] * 1.0, lmbda[i, t])
             acc = _c_step(a, b, acc)
+            gain = _gain(gain, b)
             advantages[i, t] = acc
             value_targets[i, t] = acc + values[i, t]
+        _edge(edge, i, acc, gain)
 
 
 ROW_BLOCK = 256  # rows advanced together per time step in time-major memory (1 KB of float32)
@@ -105,15 +121,18 @@ ROW_BLOCK = 256  # rows advanced together per time step in time-major memory (1 
 ROW_BLOCK_MIN_ELEMENTS = 1 << 20
 
 
-def gae_row_blocks(rewards, values, next_values, bootstrap_value, terminated, done, truncated, last_done, gamma,
-                   lmbda, nv_mode, done_mode, advantages, value_targets):
+def gae_row_blocks(rewards, values, carry, next_values, bootstrap_value, terminated, done, truncated, last_done,
+                   gamma, lmbda, nv_mode, done_mode, advantages, value_targets, edge):
     """``gae`` for time-major memory (rows adjacent): blocks of rows step through time together,
-    so each step reads contiguous runs instead of one element per cache line."""
+    so each step reads contiguous runs instead of one element per cache line (no edge maps: a
+    call that asks for one runs ``gae``)."""
     R, T = rewards.shape
     for blk in prange((R + ROW_BLOCK - 1) // ROW_BLOCK):
         lo = blk * ROW_BLOCK
         hi = min(lo + ROW_BLOCK, R)
         acc = np.zeros(ROW_BLOCK)
+        for i in range(lo, hi):
+            acc[i - lo] = carry[i]
         for t in range(T - 1, -1, -1):
             tn = min(t + 1, T - 1)
             end = t == T - 1
@@ -131,8 +150,8 @@ def gae_row_blocks(rewards, values, next_values, bootstrap_value, terminated, do
 def gae_episode_starts(rewards, values, episode_starts, bootstrap_value, last_done, gamma, lmbda, advantages,
                        value_targets):
     """``gae`` for SB3's and CleanRL's call (observation-aligned flags, implied next values,
-    number coefficients), without the stand-in inputs and mode branches of the general kernel:
-    done[t] = episode_starts[t+1], done[T-1] = last_done, every done a termination."""
+    number coefficients, no carry), without the stand-in inputs and mode branches of the general
+    kernel: done[t] = episode_starts[t+1], done[T-1] = last_done, every done a termination."""
     R, T = rewards.shape
     for i in prange(R):
         nd = _not(last_done[i])
@@ -171,30 +190,43 @@ def gae_episode_starts_blocks(rewards, values, episode_starts, bootstrap_value, 
                 value_targets[i, t] = x + values[i, t]
 
 
-def masked_gae(rewards, values, mask, bootstrap_value, gamma, lmbda, advantages, value_targets):
+def masked_gae(rewards, values, mask, carry, bootstrap_value, gamma, lmbda, advantages, value_targets, edge):
     """GAE over the unmasked steps: the next value and the advantage carry across masked steps;
-    value targets are advantages + values at every step."""
+    value targets are advantages + values at every step. The edge map is the two-state one
+    ``(a1, b1, a2, b2, c)`` of (next unmasked value, advantage) at t = 0 on (bootstrap, carry)."""
     R, T = rewards.shape
     for i in prange(R):
-        acc = 0.0
+        acc = carry[i] * 1.0
         nxt = bootstrap_value[i] * 1.0
+        b1, b2, c = 1.0, 1.0, 0.0  # d nxt / d bootstrap, d acc / d carry, d acc / d bootstrap
         for t in range(T - 1, -1, -1):
             m = mask[i, t] != 0
             v = values[i, t] * 1.0
-            a, b = _c_masked_gae(rewards[i, t], v, nxt, 1.0 if m else 0.0, gamma[i, t] * 1.0, lmbda[i, t])
+            g = gamma[i, t] * 1.0
+            a, b = _c_masked_gae(rewards[i, t], v, nxt, 1.0 if m else 0.0, g, lmbda[i, t])
             if m:
                 nxt = v
+                c = _gain(c, b) + _gain(b1, g)
+                b1 = 0.0
+                b2 = _gain(b2, b)
             acc = _c_step(a, b, acc)
             advantages[i, t] = acc
             value_targets[i, t] = acc + v
+        if edge.shape[0] > 0:
+            edge[i, 0] = nxt
+            edge[i, 1] = b1
+            edge[i, 2] = acc
+            edge[i, 3] = b2
+            edge[i, 4] = c
 
 
-def padded_gae(rewards, values, mask, bootstrap_value, gamma, lmbda, advantages, value_targets):
+def padded_gae(rewards, values, mask, carry, bootstrap_value, gamma, lmbda, advantages, value_targets, edge):
     """GAE with rewards and values read as 0 where the mask is 0; value targets are advantages +
     the zeroed values."""
     R, T = rewards.shape
     for i in prange(R):
-        acc = 0.0
+        acc = carry[i] * 1.0
+        gain = 1.0
         nxt = bootstrap_value[i] * 1.0
         for t in range(T - 1, -1, -1):
             m = mask[i, t] != 0
@@ -202,42 +234,51 @@ def padded_gae(rewards, values, mask, bootstrap_value, gamma, lmbda, advantages,
             a, b = _c_gae(rewards[i, t] if m else 0.0, v, nxt, 1.0, 1.0, gamma[i, t] * 1.0, lmbda[i, t])
             nxt = v
             acc = _c_step(a, b, acc)
+            gain = _gain(gain, b)
             advantages[i, t] = acc
             value_targets[i, t] = acc + v
+        _edge(edge, i, acc, gain)
 
 
 def td_lambda_return(rewards, next_values, carry, terminated, done, truncated, last_done, gamma, lmbda, done_mode,
-                     returns):
+                     returns, edge):
     R, T = rewards.shape
     for i in prange(R):
         acc = carry[i] * 1.0
+        gain = 1.0
         for t in range(T - 1, -1, -1):
             nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, min(t + 1, T - 1)], truncated[i, t],
                                   last_done[i], done_mode, t == T - 1)
             a, b = _c_td_lambda_return(rewards[i, t], next_values[i, t], nterm, ndone, gamma[i, t] * 1.0,
                                        lmbda[i, t])
             acc = _c_step(a, b, acc)
+            gain = _gain(gain, b)
             returns[i, t] = acc
+        _edge(edge, i, acc, gain)
 
 
 def discounted_return(rewards, next_values, carry, terminated, done, truncated, last_done, gamma, done_mode,
-                      returns):
+                      returns, edge):
     R, T = rewards.shape
     for i in prange(R):
         acc = carry[i] * 1.0
+        gain = 1.0
         for t in range(T - 1, -1, -1):
             nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, min(t + 1, T - 1)], truncated[i, t],
                                   last_done[i], done_mode, t == T - 1)
             a, b = _c_discounted_return(rewards[i, t], next_values[i, t], nterm, ndone, gamma[i, t])
             acc = _c_step(a, b, acc)
+            gain = _gain(gain, b)
             returns[i, t] = acc
+        _edge(edge, i, acc, gain)
 
 
-def vtrace(rewards, values, next_values, bootstrap_value, log_pi, log_mu, terminated, done, truncated, last_done,
-           gamma, lmbda, rho_bar, c_bar, rho_bar_pg, nv_mode, done_mode, vs, pg_advantages):
+def vtrace(rewards, values, carry, next_values, bootstrap_value, log_pi, log_mu, terminated, done, truncated,
+           last_done, gamma, lmbda, rho_bar, c_bar, rho_bar_pg, nv_mode, done_mode, vs, pg_advantages, edge):
     R, T = rewards.shape
     for i in prange(R):
-        acc = 0.0
+        acc = carry[i] * 1.0
+        gain = 1.0
         vs_next = 0.0
         for t in range(T - 1, -1, -1):
             nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, min(t + 1, T - 1)], truncated[i, t],
@@ -247,23 +288,30 @@ def vtrace(rewards, values, next_values, bootstrap_value, log_pi, log_mu, termin
             ratio = np.exp(log_pi[i, t] * 1.0 - log_mu[i, t])
             rho = _clip(ratio, rho_bar)
             c = lmbda[i, t] * _clip(ratio, c_bar)
-            if ndone == 0.0 or t == T - 1:
+            if ndone == 0.0:
                 vs_next = nvt
+            elif t == T - 1:  # vs[T] = V(s_T) + the carry, (vs - v)[T]
+                vs_next = (bootstrap_value[i] * 1.0 if nv_mode == NV_EXPLICIT_EDGE else nvt) + acc
             pg_advantages[i, t] = _c_vtrace_pg(rewards[i, t], values[i, t], vs_next, nterm, gamma[i, t],
                                                _clip(ratio, rho_bar_pg))
             a, b = _c_vtrace(rewards[i, t], values[i, t], nvt, nterm, ndone, gamma[i, t], rho, c)
             acc = _c_step(a, b, acc)
+            gain = _gain(gain, b)
             vs_next = acc + values[i, t]
             vs[i, t] = vs_next
+        _edge(edge, i, acc, gain)
 
 
-def retrace(rewards, q_values, log_pi, log_mu, next_expected_q, next_pi, next_q, terminated, done, truncated,
-            last_done, gamma, lmbda, c_bar, ev_mode, done_mode, q_targets):
+def retrace(rewards, q_values, carry, log_pi, log_mu, next_expected_q, next_pi, next_q, terminated, done, truncated,
+            last_done, gamma, lmbda, c_bar, ev_mode, done_mode, q_targets, edge):
+    """The edge map is that of Q_ret[0] (the handed value c[0]*(Q_ret[0] - q[0]) is formed from it
+    by rl_triton/core/sharded.py)."""
     R, T = rewards.shape
     A = next_pi.shape[2]
     for i in prange(R):
-        acc = 0.0
-        c_next = 0.0
+        acc = carry[i] * 1.0
+        gain = 1.0
+        c_next = 1.0  # at the window end c[T] = 1 and q[T] = 0: the carry is c[T]*(Q_ret[T] - q[T])
         q_next = 0.0
         for t in range(T - 1, -1, -1):
             nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, min(t + 1, T - 1)], truncated[i, t],
@@ -276,34 +324,46 @@ def retrace(rewards, q_values, log_pi, log_mu, next_expected_q, next_pi, next_q,
                     evt += next_pi[i, t, a_] * next_q[i, t, a_]
             a, b = _c_retrace(rewards[i, t], evt, q_next, nterm, ndone, gamma[i, t], c_next)
             acc = _c_step(a, b, acc)
+            gain = _gain(gain, b)
             q_targets[i, t] = acc
             c_next = lmbda[i, t] * _clip(np.exp(log_pi[i, t] * 1.0 - log_mu[i, t]), c_bar)
             q_next = q_values[i, t] * 1.0
+        _edge(edge, i, acc, gain)
 
 
-def eligibility_trace(x, done, carry, gamma, lmbda, traces):
-    """e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1], e[-1] = carry."""
+def eligibility_trace(x, done, carry, gamma, lmbda, traces, edge):
+    """e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1], e[-1] = carry. The edge map is that of
+    e[T-1] (the handed value (1 - done[T-1])*e[T-1] is formed by rl_triton/core/sharded.py)."""
     R, T = x.shape
     for i in prange(R):
         acc = carry[i] * 1.0
+        gain = 1.0
         cut = False
         for t in range(T):
             if cut:
                 acc = x[i, t] * 1.0
+                gain = 0.0
             else:
-                acc = _c_step(x[i, t] * 1.0, gamma[i, t] * 1.0 * lmbda[i, t], acc)
+                b = gamma[i, t] * 1.0 * lmbda[i, t]
+                acc = _c_step(x[i, t] * 1.0, b, acc)
+                gain = _gain(gain, b)
             traces[i, t] = acc
             cut = done[i, t] != 0
+        _edge(edge, i, acc, gain)
 
 
-def affine_scan(alpha, beta, carry, reverse, y):
+def affine_scan(alpha, beta, carry, reverse, y, edge):
     R, T = alpha.shape
     for i in prange(R):
         acc = carry[i] * 1.0
+        gain = 1.0
         for s in range(T):
             t = T - 1 - s if reverse else s
-            acc = _c_step(alpha[i, t] * 1.0, beta[i, t], acc)
+            b = beta[i, t]
+            acc = _c_step(alpha[i, t] * 1.0, b, acc)
+            gain = _gain(gain, b)
             y[i, t] = acc
+        _edge(edge, i, acc, gain)
 
 
 # each algorithm's kernel is the function of its name; GAE's variants for time-major memory and
@@ -332,6 +392,7 @@ def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
             "f3": nb.types.Array(ft, 3, "A", readonly=True),
             "u2": nb.types.Array(nb.types.uint8, 2, "A", readonly=True),
             "u1": nb.types.Array(nb.types.uint8, 1, "A", readonly=True), "o2": nb.types.Array(ft, 2, "A"),
+            "e": nb.types.Array(nb.types.float64, 2, "C"),
             "s": nb.types.float64, "i": nb.types.int64, "b": nb.types.boolean,
         }
         sig = nb.types.void(*(types[k] for k in arg_kinds))
@@ -452,7 +513,11 @@ def _episode_starts_call(args) -> bool:
     """Whether a GAE call is SB3's or CleanRL's (observation-aligned flags, implied next values,
     a bootstrap value, number coefficients), which ``gae_episode_starts`` serves."""
     return (args.nv_mode == NV_IMPLIED and args.done_mode == DONE_OBS_ALIGNED and args.bootstrap_value is not None
-            and not isinstance(args.gamma, torch.Tensor) and not isinstance(args.lmbda, torch.Tensor))
+            and args.carry is None and not isinstance(args.gamma, torch.Tensor)
+            and not isinstance(args.lmbda, torch.Tensor))
+
+
+NO_EDGE = np.zeros((0, 5))  # the edge argument of a launch that asks for no edge map
 
 
 class Launch:
@@ -460,18 +525,20 @@ class Launch:
     are present, the numbers), decided once: the kernel variant and its build, and every argument
     the signature fixes (stand-ins for absent inputs, constants); a launch converts only the
     tensors. ``launch(args, outs)``: ``args`` is ``algo.Args`` of ``[R, T]`` views of this
-    signature, ``outs`` the output views; floats are computed in ``dtype``."""
+    signature, ``outs`` the output views; floats are computed in ``dtype``. ``edge``: the launch
+    also writes each row's edge map (spec.py) into a float64 ``[R, k]`` array."""
 
-    def __init__(self, algo: spec.Algorithm, dtype: torch.dtype, args, outs):
+    def __init__(self, algo: spec.Algorithm, dtype: torch.dtype, args, outs, edge: bool = False):
         ref = args[0]
         rows, steps = ref.shape[:2]
         np_dtype = _NUMPY_DTYPES[dtype]
         time_major = rows > 1 and ref.stride(0) < ref.stride(1)
         fn, names, kinds = KERNELS[algo.name], algo.names, algo.kinds
-        if algo is spec.GAE:
+        has_edge = 1  # every kernel but the episode-starts ones takes the edge argument
+        if algo is spec.GAE and not edge:
             if _episode_starts_call(args):
                 fn = gae_episode_starts_blocks if time_major else gae_episode_starts
-                names, kinds = _EPISODE_STARTS_ARGS, _EPISODE_STARTS_KINDS
+                names, kinds, has_edge = _EPISODE_STARTS_ARGS, _EPISODE_STARTS_KINDS, 0
             elif time_major and rows * steps >= ROW_BLOCK_MIN_ELEMENTS:
                 fn = gae_row_blocks
         # the kernel's arguments as far as the signature fixes them (stand-ins, constants; a number
@@ -494,15 +561,18 @@ class Launch:
             else:
                 self.fixed.append(_adapt(kind, x, rows, steps, dtype))
         self.parallel = rows > 1 and rows * steps >= PARALLEL_MIN_ELEMENTS
-        self.kernel = _kernel(fn, (*kinds, *("o2",) * len(outs)), np_dtype, self.parallel)
+        self.has_edge = has_edge
+        self.kernel = _kernel(fn, (*kinds, *("o2",) * len(outs), *("e",) * has_edge), np_dtype, self.parallel)
 
-    def launch(self, args, outs) -> None:
+    def launch(self, args, outs, edge=None) -> None:
         converted = self.fixed.copy()
         for j, pos, convert in self.tensors:
             converted[j] = convert(args[pos])
         for j, first in self.repeats:
             converted[j] = converted[first]
         converted += [o if type(o) is np.ndarray else o.numpy() for o in outs]
+        if self.has_edge:
+            converted.append(NO_EDGE if edge is None else edge)
         if self.parallel:
             with _PARALLEL:
                 self.kernel(*converted)
@@ -531,6 +601,9 @@ class Launch:
         for j, first in self.repeats:
             items[j] = f"x{first}"
         items += [expr if is_array else f"{expr}.numpy()" for expr, is_array in outs]
+        if self.has_edge:
+            namespace["_no_edge"] = NO_EDGE
+            items.append("_no_edge")
         call = f"_kernel({', '.join(items)})"
         return lines + (["with _lock:", f"    {call}"] if self.parallel else [call])
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import coefficients as C
-from . import inputs, packed, plans, scan, spec
+from . import inputs, packed, plans, scan, sharded, spec
 from .call import TRUNCATION_HELP, Call
 from .whiten import WHITEN_OPTIONS, check_whiten_options, masked_whiten
 
@@ -20,7 +20,7 @@ from .whiten import WHITEN_OPTIONS, check_whiten_options, masked_whiten
 @plans.cached
 def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=None, truncated=None,
         done=None, gamma=0.99, lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None,
-        last_done=None, mask=None, mask_mode="skip", whiten=False, cu_seqlens=None, max_seqlen=None):
+        last_done=None, mask=None, mask_mode="skip", whiten=False, cu_seqlens=None, max_seqlen=None, group=None):
     """Generalized advantage estimation.
 
     delta[t] = r[t] + gamma*(1-terminated[t])*V(s_{t+1}) - V(s_t)
@@ -36,6 +36,8 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
 
     Returns ``(advantages, value_targets = advantages + values)`` (pad: the zeroed values).
     """
+    if group is not None:
+        return sharded.run(gae, locals())
     if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(gae, locals(), reverse=True, n_out=2)
     c = Call(rewards, "rewards", time_dim)
@@ -57,8 +59,16 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     nterm, ndone = c.composed_flags()
     nv = c.composed_next_values(values, next_values, bootstrap_value)
     alpha, beta = C.gae(c.f(rewards), v, nv, nterm, ndone, c.f(g), c.f(l))
-    adv = scan.scan(alpha, beta, c.f_row(None), True, c.backend)
+    adv = _scan(c, alpha, beta, c.f_row(None), True)
     return c.results([adv, adv + v])
+
+
+def _scan(c, alpha, beta, carry, reverse: bool):
+    """The composed path's scan from ``carry`` (the chunk's, in a sharded call), reporting the
+    edge map where the chunk asks for one."""
+    y = scan.scan(alpha, beta, c.carry(carry), reverse, c.backend)
+    c.edge_map(y, beta, reverse)
+    return y
 
 
 def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, gamma, lmbda, backend, out,
@@ -101,28 +111,40 @@ def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l
                            gamma=c.r(g), lmbda=c.r(l))
     m = c.r(mask) != 0
     r, v, boot = c.f(rewards), c.f(values), c.f_row(bootstrap_value)
-    if mode == "skip":
-        carried = scan.scan(torch.where(m, v, 0.0), (~m).to(c.cd), boot, True, c.backend)
-        nv = torch.cat([carried[:, 1:], boot[:, None]], 1)
-        alpha, beta = C.masked_gae(r, v, nv, m.to(c.cd), c.f(g), c.f(l))
-    else:
+    if mode == "pad":
         v = torch.where(m, v, 0.0)
         ones = torch.ones_like(v)
         alpha, beta = C.gae(torch.where(m, r, 0.0), v, torch.cat([v[:, 1:], boot[:, None]], 1), ones, ones,
                             c.f(g), c.f(l))
-    adv = scan.scan(alpha, beta, c.f_row(None), True, c.backend)
+        adv = _scan(c, alpha, beta, c.f_row(None), True)
+        return c.results([adv, adv + v])
+    skip = (~m).to(c.cd)
+    carried = scan.scan(torch.where(m, v, 0.0), skip, boot, True, c.backend)
+    nv = torch.cat([carried[:, 1:], boot[:, None]], 1)
+    alpha, beta = C.masked_gae(r, v, nv, m.to(c.cd), c.f(g), c.f(l))
+    adv = scan.scan(alpha, beta, c.carry(c.f_row(None)), True, c.backend)
+    chunk = plans.chunk()
+    if chunk is not None and chunk.edge is not None:  # the two-state map (spec.py) on (bootstrap, carry)
+        zero, one = torch.zeros_like(boot), torch.ones_like(boot)
+        reach = scan.scan(torch.zeros_like(v), skip, one, True, c.backend)  # d carried / d bootstrap
+        d_alpha = torch.where(m, c.f(g) * torch.cat([reach[:, 1:], one[:, None]], 1), 0.0)
+        gains = [scan.scan(torch.zeros_like(v), beta, one, True, c.backend), scan.scan(d_alpha, beta, zero, True,
+                                                                                        c.backend)]
+        chunk.edge[:, :5] = torch.stack([carried[:, 0], reach[:, 0], adv[:, 0], gains[0][:, 0], gains[1][:, 0]], 1)
     return c.results([adv, adv + v])
 
 
 @plans.cached
 def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, done=None, gamma=0.99,
                      lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None,
-                     cu_seqlens=None, max_seqlen=None):
+                     cu_seqlens=None, max_seqlen=None, group=None):
     """TD(lambda) return, restarting at every done and bootstrapping at truncations and the window end.
 
     G[t] = r[t] + gamma*(1-terminated[t])*((1-lmbda)*V(s_{t+1}) + lmbda*G'[t+1]),
     G'[t+1] = V(s_{t+1}) where done[t] or t = T-1, else G[t+1].  lmbda=1: TD(1), lmbda=0: TD(0).
     """
+    if group is not None:
+        return sharded.run(td_lambda_return, locals())
     if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(td_lambda_return, locals(), reverse=True)
     c = Call(rewards, "rewards", time_dim)
@@ -139,18 +161,20 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     nv = c.f(next_values)
     nterm, ndone = c.composed_flags()
     alpha, beta = C.td_lambda_return(c.f(rewards), nv, nterm, ndone, c.f(g), c.f(l))
-    return c.results([scan.scan(alpha, beta, nv[:, -1], True, c.backend)])
+    return c.results([_scan(c, alpha, beta, nv[:, -1], True)])
 
 
 @plans.cached
 def discounted_return(rewards, *, terminated=None, truncated=None, done=None, next_values=None,
                       bootstrap_value=None, gamma=0.99, time_dim=-1, backend=None, out=None, episode_starts=None,
-                      last_done=None, cu_seqlens=None, max_seqlen=None):
+                      last_done=None, cu_seqlens=None, max_seqlen=None, group=None):
     """Discounted reward-to-go within episodes.
 
     R[t] = r[t] + gamma*(1-terminated[t])*(R[t+1] if not done[t] else V(s_{t+1})),
     R[T] = bootstrap_value if given, else next_values[T-1] if given, else 0 (Monte Carlo).
     """
+    if group is not None:
+        return sharded.run(discounted_return, locals())
     if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(discounted_return, locals(), reverse=True)
     c = Call(rewards, "rewards", time_dim)
@@ -175,14 +199,14 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     carry = c.f_row(bootstrap_value) if next_values is None else nv[:, -1]
     nterm, ndone = c.composed_flags()
     alpha, beta = C.discounted_return(r, nv, nterm, ndone, c.f(g))
-    return c.results([scan.scan(alpha, beta, carry, True, c.backend)])
+    return c.results([_scan(c, alpha, beta, carry, True)])
 
 
 @plans.cached
 def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value=None, terminated=None,
            truncated=None, done=None, gamma=0.99, lmbda=1.0, rho_bar=1.0, c_bar=1.0, rho_bar_pg=None,
            time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None,
-           max_seqlen=None):
+           max_seqlen=None, group=None):
     """V-trace targets and policy-gradient advantages (IMPALA).
 
     ratio = exp(log_pi - log_mu), rho = min(rho_bar, ratio), c = lmbda*min(c_bar, ratio)
@@ -190,6 +214,8 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     pg[t] = min(rho_bar_pg, ratio[t])*(r[t] + gamma*(1-term[t])*vs_next[t] - v[t]),
     vs_next[t] = vs[t+1], or V(s_{t+1}) where done[t] or t = T-1.  Returns ``(vs, pg_advantages)``.
     """
+    if group is not None:
+        return sharded.run(vtrace, locals())
     if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(vtrace, locals(), reverse=True, n_out=2)
     c = Call(rewards, "rewards", time_dim)
@@ -216,8 +242,12 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     gf = c.f(g)
     ratio = torch.exp(c.f(log_pi) - c.f(log_mu))
     alpha, beta = C.vtrace(r, v, nv, nterm, ndone, gf, ratio.clamp(max=rho_bar), c.f(l) * ratio.clamp(max=c_bar))
-    vs = scan.scan(alpha, beta, c.f_row(None), True, c.backend) + v
-    vs_next = torch.where(ndone == 0, nv, torch.cat([vs[:, 1:], nv[:, -1:]], 1))
+    carry = c.carry(c.f_row(None))
+    vs = _scan(c, alpha, beta, carry, True) + v
+    # vs[T] = V(s_T) + the carry, (vs - v)[T]; V(s_T) the chunk's bootstrap value where it sets one
+    after = c.chunk_arg("bootstrap_value")
+    after = nv[:, -1] if after is None else after
+    vs_next = torch.where(ndone == 0, nv, torch.cat([vs[:, 1:], (after + carry)[:, None]], 1))
     pg = C.vtrace_pg(r, v, vs_next, nterm, gf, ratio.clamp(max=rho_bar_pg))
     return c.results([vs, pg])
 
@@ -225,13 +255,15 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
 @plans.cached
 def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=None, next_q=None,
             terminated=None, truncated=None, done=None, gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1,
-            backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None, max_seqlen=None):
+            backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None, max_seqlen=None, group=None):
     """Retrace(lambda) targets for Q(s_t, a_t) (Munos et al. 2016).
 
     c[t] = lmbda*min(c_bar, exp(log_pi[t] - log_mu[t])), c[T] = 0;
     ev[t] = E_{a~pi} Q(s_{t+1}, a): ``next_expected_q``, or sum_a next_pi[..., a]*next_q[..., a];
     Q_ret[t] = r[t] + gamma*(1-term[t])*(ev[t] + (1-done[t])*c[t+1]*(Q_ret[t+1] - q[t+1])).
     """
+    if group is not None:
+        return sharded.run(retrace, locals())
     if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(retrace, locals(), reverse=True)
     c = Call(rewards, "rewards", time_dim)
@@ -270,11 +302,12 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
         ev = c.f(next_expected_q)
     nterm, ndone = c.composed_flags()
     trace = c.f(l) * torch.exp(c.f(log_pi) - c.f(log_mu)).clamp(max=c_bar)
-    c_next = torch.cat([trace[:, 1:], torch.zeros_like(trace[:, :1])], 1)
+    # at the window end c[T] = 1 and q[T] = 0: the carry is c[T]*(Q_ret[T] - q[T]) itself
+    c_next = torch.cat([trace[:, 1:], torch.ones_like(trace[:, :1])], 1)
     q = c.f(q_values)
     q_next = torch.cat([q[:, 1:], torch.zeros_like(q[:, :1])], 1)
     alpha, beta = C.retrace(c.f(rewards), ev, q_next, nterm, ndone, c.f(g), c_next)
-    return c.results([scan.scan(alpha, beta, c.f_row(None), True, c.backend)])
+    return c.results([_scan(c, alpha, beta, c.f_row(None), True)])
 
 
 def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
@@ -292,17 +325,19 @@ def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
     _, ndone = c.composed_flags()
     prev_open = torch.cat([torch.ones_like(ndone[:, :1]), ndone[:, :-1]], 1)
     beta = torch.where(prev_open == 0, 0.0, c.f(decay[0]) * c.f(decay[1]) * prev_open)
-    return c.results([scan.scan(c.f(x), beta, c.f_row(initial), False, c.backend)])
+    return c.results([_scan(c, c.f(x), beta, c.f_row(initial), False)])
 
 
 @plans.cached
 def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time_dim=-1, backend=None, out=None,
-                      cu_seqlens=None, max_seqlen=None):
+                      cu_seqlens=None, max_seqlen=None, group=None):
     """Accumulating eligibility trace, forward in time, reset after each done.
 
     e[t] = x[t] + gamma*lmbda*(1-done[t-1])*e[t-1], e[-1] = initial (default 0).
     ``x`` may have trailing feature dims after the time dim; ``done`` broadcasts over them.
     """
+    if group is not None:
+        return sharded.run(eligibility_trace, locals())
     if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(eligibility_trace, locals(), reverse=False)
     return _eligibility_trace(x, done, [("gamma", gamma), ("lmbda", lmbda)], initial, time_dim, backend, out)
@@ -310,8 +345,10 @@ def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time
 
 @plans.cached
 def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None, out=None, cu_seqlens=None,
-                    max_seqlen=None):
+                    max_seqlen=None, group=None):
     """Running sum within episodes, forward in time: c[t] = x[t] + (1-done[t-1])*c[t-1], c[-1] = initial."""
+    if group is not None:
+        return sharded.run(episodic_cumsum, locals())
     if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(episodic_cumsum, locals(), reverse=False)
     return _eligibility_trace(x, done, [("gamma", 1.0), ("lmbda", 1.0)], initial, time_dim, backend, out)

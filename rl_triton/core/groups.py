@@ -22,7 +22,8 @@ _INT_DTYPES = frozenset((
 ))
 
 
-def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out=None) -> torch.Tensor:
+def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out=None, group=None,
+                     num_groups=None) -> torch.Tensor:
     """Advantages of responses relative to the other responses to the same prompt.
 
     ``scores`` is ``[B]``, one outcome score ``s_i`` per response; ``group_ids`` says which prompt
@@ -58,6 +59,14 @@ def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out
     Statistics accumulate in float32 (float64 for float64 scores); the result has the scores'
     dtype and device, or is written to ``out``. A NaN score makes its whole group NaN (and the whole
     batch for ``reinforce_plus_plus_baseline``, whose whitening mixes all groups).
+
+    ``group`` (a ``torch.distributed`` ProcessGroup): the responses of the batch are spread over
+    the ranks of the group, each rank passing its own, and a group of responses may span ranks.
+    Then ``group_ids`` must be an integer tensor of global ids in ``[0, num_groups)`` on the
+    scores' device, the same id for the same prompt on every rank. The statistics of every group
+    are one all-gather of each rank's ``(n, mean, M2)`` per group (``num_groups`` rows, whatever B
+    is), combined by Chan et al.'s formula; ``reinforce_plus_plus_baseline`` whitens over the
+    valid tokens of every rank with one more. No host synchronisation; no autograd.
     """
     scores = inputs.check_tensor(scores, "scores")
     if scores.ndim != 1:
@@ -67,6 +76,10 @@ def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out
         raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODES)}; got {mode!r}")
     eps = _check_eps(eps)
     ids = _check_group_ids(group_ids, B)
+    if group is not None:
+        _check_distributed(ids, num_groups, group, scores)
+    elif num_groups is not None:
+        raise ValueError("num_groups goes with group= (responses spread over ranks); leave it out otherwise")
     if mask is not None:
         inputs.check_tensor(mask, "mask", dtypes=inputs.FLAG_DTYPES, kind="a bool, integer or float")
         if mask.ndim != 2 or mask.shape[0] != B:
@@ -90,15 +103,18 @@ def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out
             raise ValueError("out= is written in place and does not support autograd; "
                              "call without out= when scores require grad")
 
-    if B == 0:
+    if B == 0 and group is None:
         return out if out is not None else torch.empty(shape, dtype=dtype, device=device)
 
     valid = None if mask is None else mask if mask.dtype == torch.bool else mask != 0
     cd = inputs.compute_dtype(dtype)
-    code, nbuf = _codes(ids, device)
-    adv = _advantages(scores.to(cd), code, nbuf, mode, eps)
+    if group is None:
+        code, nbuf = _codes(ids, device)
+        adv = _advantages(scores.to(cd), code, nbuf, mode, eps)
+    else:
+        adv = _spread_advantages(scores.to(cd), ids.to(torch.int64), num_groups, mode, eps, group)
     if mode == "reinforce_plus_plus_baseline":
-        adv = _whiten(adv, valid.sum(1))
+        adv = _whiten(adv, valid.sum(1), group)
     adv = adv.to(dtype)
     if mask is None:
         return adv if out is None else out.copy_(adv)
@@ -122,10 +138,16 @@ def _advantages(x: torch.Tensor, code: torch.Tensor, nbuf: int, mode: str, eps: 
     d = x - x.index_select(0, first.index_select(0, code))
     mean_d = torch.zeros(nbuf, dtype=x.dtype, device=x.device).scatter_add_(0, code, d).index_select(0, code) / n
     dev = d - mean_d
+    return _relative(x, dev, n, lambda: torch.zeros(nbuf, dtype=x.dtype, device=x.device).scatter_add_(
+        0, code, dev * dev).index_select(0, code), mode, eps)
+
+
+def _relative(x, dev, n, squares, mode: str, eps: float) -> torch.Tensor:
+    """The advantages from each response's deviation from its group's mean ``dev``, its group's
+    size ``n`` and, for grpo, ``squares()``: its group's sum of squared deviations."""
     single = n == 1
     if mode == "grpo":
-        sq = torch.zeros(nbuf, dtype=x.dtype, device=x.device).scatter_add_(0, code, dev * dev).index_select(0, code)
-        var = sq / (n - 1).clamp(min=1)
+        var = squares() / (n - 1).clamp(min=1)
         # sqrt only of positive variances, so that a group of one or of equal scores has finite gradients
         pos = var > 0
         std = torch.where(pos, torch.where(pos, var, 1.0).sqrt(), 0.0)
@@ -135,13 +157,34 @@ def _advantages(x: torch.Tensor, code: torch.Tensor, nbuf: int, mode: str, eps: 
     return torch.where(single, x, dev)  # drgrpo, reinforce_plus_plus_baseline
 
 
-def _whiten(a: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Whitening over the batch's valid tokens, each response ``a[i]`` counted ``tokens[i]`` (int64) times.
-    A response without valid tokens contributes nothing, even when its advantage is not finite."""
+def _spread_advantages(x, ids, num_groups: int, mode: str, eps: float, group) -> torch.Tensor:
+    """``_advantages`` of responses spread over the ranks of ``group``: each group's (n, mean, M2)
+    over every rank, from one all-gather of the local ones."""
+    from .whiten import _combine_rows
+
+    zeros = torch.zeros(num_groups, dtype=x.dtype, device=x.device)
+    n = zeros.scatter_add(0, ids, torch.ones_like(x))
+    mean = zeros.scatter_add(0, ids, x) / n
+    m2 = zeros.scatter_add(0, ids, (x - mean.index_select(0, ids)).square())
+    n, mean, m2 = (s.index_select(0, ids).to(x.dtype) for s in _combine_rows(n, mean, m2, group))
+    return _relative(x, x - mean, n, lambda: m2, mode, eps)
+
+
+def _whiten(a: torch.Tensor, tokens: torch.Tensor, group=None) -> torch.Tensor:
+    """Whitening over the batch's valid tokens (of every rank of ``group``), each response ``a[i]``
+    counted ``tokens[i]`` (int64) times. A response without valid tokens contributes nothing, even
+    when its advantage is not finite."""
     m = tokens.to(a.dtype)
     has = tokens > 0
     n = tokens.sum().to(a.dtype)
     mu = torch.where(has, m * a, 0.0).sum() / n
+    if group is not None:
+        from .whiten import _combine_rows
+
+        m2 = torch.where(has, m * (a - mu).square(), 0.0).sum()
+        n, mu, m2 = (s[0].to(a.dtype) for s in _combine_rows(n[None], mu[None], m2[None], group))
+        c = a - mu
+        return c * torch.rsqrt(m2 / (n - 1) + _WHITEN_EPS)
     c = a - mu
     var = torch.where(has, m * c * c, 0.0).sum() / (n - 1)
     return c * torch.rsqrt(var + _WHITEN_EPS)
@@ -162,6 +205,23 @@ def _check_eps(eps) -> float:
     if math.isnan(eps) or eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     return eps
+
+
+def _check_distributed(ids, num_groups, group, scores):
+    from .whiten import _check_group
+
+    _check_group(group, scores)
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError("with group=, group_ids must be an integer tensor of global ids in [0, num_groups), "
+                        f"got {type(ids).__name__}")
+    if ids.device != scores.device:
+        raise ValueError(f"group_ids is on {ids.device} but scores is on {scores.device}")
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
+        raise TypeError(f"group= needs num_groups, the number of global group ids (an int >= 1), got {num_groups!r}")
+    if ids.numel() and (ids.device.type == "cpu" or inputs.value_checks_on(ids.device)):
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= num_groups:
+            raise ValueError(f"group_ids must lie in [0, num_groups) = [0, {num_groups}), got ids from {lo} to {hi}")
 
 
 def _check_group_ids(group_ids, B: int):

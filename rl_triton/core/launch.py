@@ -78,11 +78,12 @@ def _resolve(backend: str, device: torch.device) -> str:
     return name
 
 
-def prepare(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, outs):
+def prepare(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, outs, edge: bool = False):
     """The backend's launch of ``algo`` for the signature of these ``[R, T]`` views (``args``:
-    ``algo.Args``; ``outs``: output views), with ``launch(args, outs)``."""
+    ``algo.Args``; ``outs``: output views), with ``launch(args, outs)``; ``edge``: a launch that
+    reports edge maps (spec.py)."""
     if backend == "cpu":
-        return cpu.Launch(algo, compute, args, outs)
+        return cpu.Launch(algo, compute, args, outs, edge)
     return _kernels().Launch(algo, args, outs)
 
 
@@ -104,12 +105,20 @@ def output_dtype(backend: str, compute: torch.dtype, dtype: torch.dtype) -> torc
     return compute if backend == "cpu" else dtype
 
 
-def _dispatch(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, outs) -> None:
-    """Run ``algo`` on ``[R, T]`` views (``args``: ``algo.Args``) into the output views ``outs``."""
-    prepare(algo, backend, compute, args, outs).launch(args, outs)
+def _dispatch(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, outs, edge=None) -> None:
+    """Run ``algo`` on ``[R, T]`` views (``args``: ``algo.Args``) into the output views ``outs``;
+    with ``edge`` (float64 ``[R, k]``), write the rows' edge maps there instead (Triton) or as
+    well (numba)."""
+    runner = prepare(algo, backend, compute, args, outs, edge is not None)
+    if edge is None:
+        runner.launch(args, outs)
+    elif backend == "cpu":
+        runner.launch(args, outs, edge.numpy())
+    else:
+        runner.edge_map(args, outs, edge)
 
 
-def _run(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, rows: inputs.Rows, given):
+def _run(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, rows: inputs.Rows, given, edge=None):
     """Outputs in the caller's layout (``given``: caller tensors or None each). The kernels write
     the outputs in place where they have an ``[R, T]`` view in the kernel's dtype (numba writes
     the compute dtype, Triton the caller's), else into a buffer copied out afterwards."""
@@ -119,14 +128,16 @@ def _run(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, rows: i
         out, view = rows.output(out) if dtype == rows.dtype else (out, None)
         buffer = torch.empty(rows.R, rows.T, dtype=dtype, device=rows.device) if view is None else None
         outs.append((out, view if buffer is None else buffer, buffer))
-    _dispatch(algo, backend, compute, args, [view for _, view, _ in outs])
+    _dispatch(algo, backend, compute, args, [view for _, view, _ in outs], edge)
     return tuple(out if buffer is None else rows.deliver(buffer, out) for out, _, buffer in outs)
 
 
-def run(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, rows: inputs.Rows, given):
+def run(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, rows: inputs.Rows, given, edge=None):
     """Run the fused kernel of ``algo`` (``args``: ``algo.Args`` of ``[R, T]`` views) on
     ``backend``, accumulating in ``compute``; a tuple of outputs in the caller's layout, written
-    into ``given`` where those are tensors."""
+    into ``given`` where those are tensors. ``edge``: see :func:`_dispatch`."""
+    if edge is not None:
+        return _run(algo, backend, compute, args, rows, given, edge)
     if torch.compiler.is_compiling():
         tensors, numbers = _encode(args)
         results = fused(algo.name, backend, compute, tensors, numbers, rows.ref, rows.tdim)

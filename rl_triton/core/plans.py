@@ -23,9 +23,11 @@ shared by all threads, and a plan keeps no tensor of its calls alive.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import threading
+from typing import NamedTuple
 
 import torch
 
@@ -62,6 +64,27 @@ def _fingerprint(x):
     raise _Unkeyable
 
 
+class Chunk(NamedTuple):
+    """How a call runs as one chunk of a sequence split along time (rl_triton/core/sharded.py):
+    ``carry`` ([R], the call's row order) replaces the algorithm's own carry (spec.py) where
+    not None; ``edge`` (float64 ``[R, k + 1]`` on the call's device), where not None, receives
+    each row's edge map (k numbers) and the carry the algorithm would have had (its window end's,
+    0 where it has none), and then the outputs may be left unwritten (Triton computes the map
+    alone)."""
+    carry: torch.Tensor | None
+    edge: torch.Tensor | None
+    args: dict | None = None  # further kernel arguments by name (spec.py)
+
+
+CHUNK: contextvars.ContextVar = contextvars.ContextVar("rl_triton_chunk", default=None)
+
+
+def chunk():
+    """The chunk this call runs as (:class:`Chunk`), or None; None inside a ``torch.compile``
+    trace (dynamo cannot read a ContextVar, and sharded calls are not compiled)."""
+    return None if torch.compiler.is_compiling() else CHUNK.get()
+
+
 def cached(fn):
     """``fn`` (a public estimator) with its calls' plans kept by signature."""
     names = [p.name for p in inspect.signature(fn).parameters.values()
@@ -69,7 +92,8 @@ def cached(fn):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if torch.compiler.is_compiling() or len(args) > len(names) or launch.plan_forced():
+        if torch.compiler.is_compiling() or len(args) > len(names) or launch.plan_forced() \
+                or CHUNK.get() is not None:
             return fn(*args, **kwargs)
         key = [call, torch.is_grad_enabled(), inputs.env_state()]
         try:  # tensors and floats (the common arguments) inline; a float stands for itself

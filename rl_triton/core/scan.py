@@ -13,7 +13,7 @@ from numbers import Real
 
 import torch
 
-from . import inputs, launch, packed, plans, spec
+from . import inputs, launch, packed, plans, sharded, spec
 from .call import Call
 
 
@@ -55,7 +55,7 @@ def scan(alpha, beta, carry, reverse: bool, backend: str):
 
 @plans.cached
 def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend=None, out=None, cu_seqlens=None,
-                max_seqlen=None):
+                max_seqlen=None, group=None):
     """Solve ``y[t] = alpha[t] + beta[t] * y[t+1]`` (``reverse=True``, ``y[T] = initial``) or
     ``y[t] = alpha[t] + beta[t] * y[t-1]`` (``reverse=False``, ``y[-1] = initial``) along ``time_dim``.
 
@@ -63,6 +63,8 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
     has that shape without the time dim. Differentiable in every tensor argument. With
     ``cu_seqlens``, packed sequences along dim 0 (rl_triton/core/packed.py).
     """
+    if group is not None:
+        return sharded.run(affine_scan, locals())
     if cu_seqlens is not None or max_seqlen is not None:
         if not isinstance(reverse, bool):
             raise TypeError(f"reverse must be a bool, got {type(reverse).__name__}")
@@ -92,5 +94,7 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
     if fused:  # the kernels read alpha and beta in any float dtype; a number beta is a constant
         return c.run_fused(spec.AFFINE_SCAN, alpha=c.r(alpha), beta=beta if number else c.r(beta),
                            carry=c.r_row(initial), reverse=reverse)
-    carry = c.f_row(initial)
-    return c.results([scan(c.f(alpha), c.f(beta_t), carry, reverse, c.backend)])
+    alpha_f, beta_f = c.f(alpha), c.f(beta_t)
+    y = scan(alpha_f, beta_f, c.carry(c.f_row(initial)), reverse, c.backend)
+    c.edge_map(y, beta_f, reverse)
+    return c.results([y])

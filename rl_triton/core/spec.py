@@ -11,9 +11,21 @@ Argument kinds:
 - ``i``: a mode integer for the numba kernels, derived from which inputs are present
   (:meth:`Algorithm.bind` fills it; Triton reads the same from which inputs are None).
 
-An argument named ``carry`` is the value beyond the window edge, where the scan starts (0 when
-an algorithm has none); it is always the third argument (``CARRY``), so one Triton INIT loads it
-for every algorithm. The outputs are ``[R, T]`` float tensors.
+Every algorithm has an argument ``carry``, the scan value beyond the window edge where the scan
+starts (0 when absent). It is the third argument (``CARRY``), so one Triton INIT loads it, except
+in the masked algorithms: their mask comes first (triton 3.6 misreads a mask tensor that follows
+an absent argument in a two-state kernel) and their INIT reads the carry by name. What it stands
+for is each algorithm's own (``carry`` of its entry below); a sequence split along time across
+ranks (rl_triton/core/sharded.py) hands it from chunk to chunk. The outputs are ``[R, T]`` float
+tensors.
+
+**Edge maps.** A kernel can also report, per row, the value it hands on at the other edge (where
+the scan ends) and how that value moves with its carry: ``edge[i] = (handed, b)`` with
+``handed = a + b*carry`` (``a`` alone where ``b`` is 0), so that run from carry 0 it gives the
+map ``(a, b)``; two-state scans report ``(x, b1, y, b2, c)``, the map of the pair (the engine's
+``combine_pair`` form) on (``bootstrap_value``, ``carry``). The handed value is the scan value
+at the ending edge; where an entry's ``hands`` says otherwise, rl_triton/core/sharded.py forms
+it from that.
 """
 
 from __future__ import annotations
@@ -34,8 +46,10 @@ FLAGS = (Arg("terminated", "u2"), Arg("done", "u2"), Arg("truncated", "u2"), Arg
 
 CARRY = 2  # the position of the carry argument
 
-# how next values are read: explicit array, or values[t+1] with the bootstrap value at t = T-1
-NV_EXPLICIT, NV_IMPLIED = 0, 1
+# how next values are read: explicit array, or values[t+1] with the bootstrap value at t = T-1;
+# explicit with a bootstrap value: V-trace's vs[T] is bootstrap_value + carry (a chunk of a
+# sharded sequence, whose next chunk starts at values[T]), not next_values[T-1] + carry
+NV_EXPLICIT, NV_IMPLIED, NV_EXPLICIT_EDGE = 0, 1, 2
 # how done is read: the done array; terminated | truncated; or observation-aligned (done[t] =
 # episode_starts[t+1], last_done at t = T-1, every done a termination)
 DONE_ARRAY, DONE_TERM_OR_TRUNC, DONE_OBS_ALIGNED = 0, 1, 2
@@ -55,7 +69,8 @@ def _modes(kw: dict) -> dict:
     else:
         done_mode = DONE_TERM_OR_TRUNC
     return {
-        "nv_mode": NV_EXPLICIT if kw.get("next_values") is not None else NV_IMPLIED,
+        "nv_mode": NV_IMPLIED if kw.get("next_values") is None else
+        NV_EXPLICIT if kw.get("bootstrap_value") is None else NV_EXPLICIT_EDGE,
         "done_mode": done_mode,
         "ev_mode": EV_GIVEN if kw.get("next_expected_q") is not None else EV_PAIRS,
     }
@@ -67,8 +82,11 @@ class Algorithm:
     reads y one step earlier in scan order. ``pair``: the scan carries two values (the engine's
     two-state scan)."""
 
-    def __init__(self, name: str, args, outputs, *, reverse, need_prev: bool = False, pair: bool = False):
+    def __init__(self, name: str, args, outputs, *, reverse, carry: str, need_prev: bool = False,
+                 pair: bool = False, hands: str = ""):
         self.name = name
+        self.carry = carry  # what the carry stands for (docs)
+        self.hands = hands  # what the kernel hands on at the ending edge, where not the scan value
         self.args = tuple(args)
         self.names = tuple(a.name for a in self.args)
         self.kinds = tuple(a.kind for a in self.args)
@@ -84,9 +102,8 @@ class Algorithm:
         self.modes = tuple(n for n, k in zip(self.names, self.kinds) if k == "i")
         # float tensors read per step (the launch plan counts those present)
         self.streams = tuple(i for i, k in enumerate(self.kinds) if k in ("f2", "f3"))
-        self.has_carry = "carry" in self.names
         self.has_flags = "terminated" in self.names
-        if self.has_carry and self.names.index("carry") != CARRY:
+        if "mask" not in self.names and self.names.index("carry") != CARRY:
             raise ValueError(f"{name}: the carry argument must stand at position {CARRY}")
         if self.has_flags:
             first = self.names.index("terminated")
@@ -110,55 +127,63 @@ def _f2(*names):
 
 GAE = Algorithm(
     "gae",
-    (*_f2("rewards", "values", "next_values"), Arg("bootstrap_value", "f1"), *FLAGS, *_f2("gamma", "lmbda"),
-     Arg("nv_mode", "i"), Arg("done_mode", "i")),
-    ("advantages", "value_targets"), reverse=True)
+    (*_f2("rewards", "values"), Arg("carry", "f1"), *_f2("next_values"), Arg("bootstrap_value", "f1"), *FLAGS,
+     *_f2("gamma", "lmbda"), Arg("nv_mode", "i"), Arg("done_mode", "i")),
+    ("advantages", "value_targets"), reverse=True, carry="A[T]")
 
 TD_LAMBDA_RETURN = Algorithm(
     "td_lambda_return",
     (*_f2("rewards", "next_values"), Arg("carry", "f1"), *FLAGS, *_f2("gamma", "lmbda"), Arg("done_mode", "i")),
-    ("returns",), reverse=True)
+    ("returns",), reverse=True, carry="G'[T]")
 
 DISCOUNTED_RETURN = Algorithm(
     "discounted_return",
     (*_f2("rewards", "next_values"), Arg("carry", "f1"), *FLAGS, *_f2("gamma"), Arg("done_mode", "i")),
-    ("returns",), reverse=True)
+    ("returns",), reverse=True, carry="R[T]")
 
 VTRACE = Algorithm(
     "vtrace",
-    (*_f2("rewards", "values", "next_values"), Arg("bootstrap_value", "f1"), *_f2("log_pi", "log_mu"), *FLAGS,
+    (*_f2("rewards", "values"), Arg("carry", "f1"), *_f2("next_values"), Arg("bootstrap_value", "f1"),
+     *_f2("log_pi", "log_mu"), *FLAGS,
      *_f2("gamma", "lmbda"), Arg("rho_bar", "s"), Arg("c_bar", "s"), Arg("rho_bar_pg", "s"), Arg("nv_mode", "i"),
      Arg("done_mode", "i")),
-    ("vs", "pg_advantages"), reverse=True, need_prev=True)
+    ("vs", "pg_advantages"), reverse=True, need_prev=True,
+    carry="(vs - v)[T]; vs_next[T-1] = V(s_T) + carry unless done[T-1]")
 
 RETRACE = Algorithm(
     "retrace",
-    (*_f2("rewards", "q_values", "log_pi", "log_mu", "next_expected_q"), Arg("next_pi", "f3"), Arg("next_q", "f3"),
-     *FLAGS, *_f2("gamma", "lmbda"), Arg("c_bar", "s"), Arg("ev_mode", "i"), Arg("done_mode", "i")),
-    ("q_targets",), reverse=True)
+    (*_f2("rewards", "q_values"), Arg("carry", "f1"), *_f2("log_pi", "log_mu", "next_expected_q"),
+     Arg("next_pi", "f3"), Arg("next_q", "f3"), *FLAGS, *_f2("gamma", "lmbda"), Arg("c_bar", "s"), Arg("ev_mode", "i"),
+     Arg("done_mode", "i")),
+    ("q_targets",), reverse=True, carry="c[T]*(Q_ret[T] - q[T]), read at T-1 with c[T] = 1 and q[T] = 0",
+    hands="c[0]*(Q_ret[0] - q[0])")
 
 # GAE over the unmasked steps of a response (skip): a masked step carries the next value and the
 # advantage; a two-state scan (the next unmasked value, the advantage)
 MASKED_GAE = Algorithm(
     "masked_gae",
-    (*_f2("rewards", "values"), Arg("mask", "u2"), Arg("bootstrap_value", "f1"), *_f2("gamma", "lmbda")),
-    ("advantages", "value_targets"), reverse=True, pair=True)
+    (*_f2("rewards", "values"), Arg("mask", "u2"), Arg("carry", "f1"), Arg("bootstrap_value", "f1"),
+     *_f2("gamma", "lmbda")),
+    ("advantages", "value_targets"), reverse=True, pair=True,
+    carry="A[T]; bootstrap_value carries the first state, the value of the next unmasked step",
+    hands="(V of the first unmasked step, A[0])")
 
 # GAE with rewards and values read as 0 where the mask is 0 (pad)
 PADDED_GAE = Algorithm(
     "padded_gae",
-    (*_f2("rewards", "values"), Arg("mask", "u2"), Arg("bootstrap_value", "f1"), *_f2("gamma", "lmbda")),
-    ("advantages", "value_targets"), reverse=True)
+    (*_f2("rewards", "values"), Arg("mask", "u2"), Arg("carry", "f1"), Arg("bootstrap_value", "f1"),
+     *_f2("gamma", "lmbda")),
+    ("advantages", "value_targets"), reverse=True, carry="A[T]")
 
 ELIGIBILITY_TRACE = Algorithm(
     "eligibility_trace",
     (*_f2("x"), Arg("done", "u2"), Arg("carry", "f1"), *_f2("gamma", "lmbda")),
-    ("traces",), reverse=False)
+    ("traces",), reverse=False, carry="e[-1]", hands="(1 - done[T-1])*e[T-1]")
 
 AFFINE_SCAN = Algorithm(
     "affine_scan",
     (*_f2("alpha", "beta"), Arg("carry", "f1"), Arg("reverse", "b")),
-    ("y",), reverse=None)
+    ("y",), reverse=None, carry="y beyond the edge where the scan starts")
 
 ALGORITHMS = {a.name: a for a in (GAE, TD_LAMBDA_RETURN, DISCOUNTED_RETURN, VTRACE, RETRACE, ELIGIBILITY_TRACE,
                                   AFFINE_SCAN, MASKED_GAE, PADDED_GAE)}

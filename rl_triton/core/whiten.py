@@ -177,28 +177,40 @@ def _fused(x, mask, y, unbiased, shift_mean, scale, eps, clamp):
 
 
 def _combine(n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, group):
-    """The statistics of every rank's valid elements: one all-gather of each rank's (n, mean, m2)
-    in float64 (24 bytes a rank), then Chan et al.'s parallel formula,
+    n, mean, m2 = _combine_rows(n.reshape(1), mean.reshape(1), m2.reshape(1), group)
+    return n[0], mean[0], m2[0]
+
+
+def gather_ranks(local: torch.Tensor, group) -> torch.Tensor:
+    """``[world, n]``: the 1-D ``local`` of every rank of ``group`` (of one length on every rank),
+    one all-gather."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    gathered = torch.empty(world * local.numel(), dtype=local.dtype, device=local.device)
+    # all_gather_single is all_gather_into_tensor's newer name (torch >= 2.13 deprecates the old one)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(gathered, local.contiguous(), group=group)
+    return gathered.view(world, local.numel())
+
+
+def _combine_rows(n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, group):
+    """The statistics of every rank's valid elements, per entry of the ``[k]`` tensors: one
+    all-gather of each rank's (n, mean, m2) in float64 (24 bytes a rank and entry), then Chan et
+    al.'s parallel formula,
 
         N = sum n_i,  mean = sum n_i mean_i / N,  M2 = sum (M2_i + n_i (mean_i - mean)**2),
 
     over the ranks with n_i > 0 (an empty rank's mean is NaN and must not enter the sums).
     Returns float64 tensors (float32 where the device has no float64)."""
-    import torch.distributed as dist
-
     xd = torch.float32 if mean.device.type == "mps" else torch.float64
     local = torch.stack((n.to(xd), mean.to(xd), m2.to(xd)))
-    world = dist.get_world_size(group)
-    gathered = torch.empty(world * 3, dtype=xd, device=local.device)
-    # all_gather_single is all_gather_into_tensor's newer name (torch >= 2.13 deprecates the old one)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(gathered, local, group=group)
-    n_i, mean_i, m2_i = gathered.view(world, 3).unbind(1)
+    n_i, mean_i, m2_i = gather_ranks(local.reshape(-1), group).view(-1, 3, n.numel()).unbind(1)
     some = n_i > 0
     zero = torch.zeros((), dtype=xd, device=local.device)
-    total = n_i.sum()
-    mean = torch.where(some, n_i * mean_i, zero).sum() / total
-    m2 = torch.where(some, m2_i + n_i * (mean_i - mean).square(), zero).sum()
+    total = n_i.sum(0)
+    mean = torch.where(some, n_i * mean_i, zero).sum(0) / total
+    m2 = torch.where(some, m2_i + n_i * (mean_i - mean).square(), zero).sum(0)
     return total, mean, m2
 
 

@@ -369,6 +369,41 @@ class Problem:
         args = tuple(cut(None, a) for a in self.args)
         return dataclasses.replace(self, args=args, kwargs={k: cut(k, v) for k, v in self.kwargs.items()})
 
+    def steps(self, lo: int, hi: int) -> "Problem":
+        """The same problem on steps ``[lo, hi)``: every per-step tensor cut along time (a chunk
+        of a sequence split across ranks); per-row inputs stay whole."""
+        shape = self.shape
+        td = _time_dim(self.kwargs, len(shape))
+
+        def cut(x):
+            if isinstance(x, torch.Tensor) and (tuple(x.shape) == tuple(shape) or tuple(x.shape[:-1]) == tuple(shape)):
+                return x.narrow(td, lo, hi - lo).clone()
+            return x
+
+        return dataclasses.replace(self, args=tuple(cut(a) for a in self.args),
+                                   kwargs={k: cut(v) for k, v in self.kwargs.items()})
+
+    def flagged_at(self, steps) -> "Problem":
+        """The same problem with its episode flags set on both sides of each of ``steps``: row 0
+        at step t - 1 (its last before t), row 1 at step t (chunk boundaries of a sequence split
+        at those steps); ``terminated`` is then cleared where ``done`` is not, so that it still
+        implies done."""
+        kw = dict(self.kwargs)
+        shape = self.shape
+        td = _time_dim(kw, len(shape))
+        for name in ("terminated", "truncated", "done", "episode_starts"):
+            if isinstance(kw.get(name), torch.Tensor) and tuple(kw[name].shape) == tuple(shape):
+                x = kw[name].clone()
+                for t in steps:
+                    for row, at in ((0, t - 1), (1, t)):
+                        if 0 <= at < shape[td] and row < x.numel() // shape[td]:
+                            x.select(td, at).view(-1)[row] = 1
+                kw[name] = x
+        if isinstance(kw.get("done"), torch.Tensor) and isinstance(kw.get("terminated"), torch.Tensor):
+            kw["terminated"] = kw["terminated"] & (kw["done"] != 0) if kw["terminated"].dtype == torch.bool else \
+                kw["terminated"] * (kw["done"] != 0).to(kw["terminated"].dtype)
+        return dataclasses.replace(self, kwargs=kw)
+
     def __repr__(self):
         def describe(v):
             if isinstance(v, torch.Tensor):

@@ -36,7 +36,7 @@ ELIGIBILITY_TRACE = _positions(spec.ELIGIBILITY_TRACE)
 AFFINE_SCAN = _positions(spec.AFFINE_SCAN)
 MASKED_GAE = _positions(spec.MASKED_GAE)
 PADDED_GAE = _positions(spec.PADDED_GAE)
-CARRY = tl.constexpr(spec.CARRY)  # the carry argument, where an algorithm has one
+CARRY = tl.constexpr(spec.CARRY)  # the carry argument
 
 
 @triton.jit
@@ -117,11 +117,6 @@ def _next_value(next_values, values, bootstrap_value, rows, t, mask, T, ACC: tl.
 
 
 @triton.jit
-def zero_init(ins, rows, rmask, T, ACC: tl.constexpr):
-    return tl.zeros((rows.shape[0],), ACC)
-
-
-@triton.jit
 def carry_init(ins, rows, rmask, T, ACC: tl.constexpr):
     return load_row(ins[CARRY], rows, rmask, ACC)
 
@@ -164,7 +159,8 @@ def masked_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
 
 @triton.jit
 def masked_gae_init(ins, rows, rmask, T, ACC: tl.constexpr):
-    return load_row(ins[MASKED_GAE.bootstrap_value], rows, rmask, ACC), tl.zeros((rows.shape[0],), ACC)
+    return load_row(ins[MASKED_GAE.bootstrap_value], rows, rmask, ACC), load_row(ins[MASKED_GAE.carry], rows, rmask,
+                                                                                  ACC)
 
 
 @triton.jit
@@ -191,6 +187,11 @@ def padded_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
                        tl.where(m_next, nv, 0.0), ones, ones, coef(ins[PADDED_GAE.gamma], rows, t, mask, ACC),
                        coef(ins[PADDED_GAE.lmbda], rows, t, mask, ACC))
     return alpha, beta, v
+
+
+@triton.jit
+def padded_gae_init(ins, rows, rmask, T, ACC: tl.constexpr):
+    return load_row(ins[PADDED_GAE.carry], rows, rmask, ACC)
 
 
 @triton.jit
@@ -235,9 +236,16 @@ def vtrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
 def vtrace_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
     r, v, nv, nterm, ndone, g, rho_pg = ctx
     store(outs[VTRACE.vs], rows, t, mask, y + v)
-    # vs[t+1] = (vs - v)[t+1] + v[t+1], or V(s_{t+1}) where done or at the window end
-    cut = (ndone == 0) | (t == T - 1)[None, :]
-    vs_next = tl.where(cut, nv, y_prev + load(ins[VTRACE.values], rows, t + 1, mask & ~cut, ACC))
+    # vs[t+1] = (vs - v)[t+1] + v[t+1], or V(s_{t+1}) where done; at the window end y_prev is the
+    # carry, (vs - v)[T], and V(s_T) the next value
+    last = (t == T - 1)[None, :]
+    inner = load(ins[VTRACE.values], rows, t + 1, mask & ~last & (ndone != 0), ACC)
+    if ins[VTRACE.next_values] is not None and ins[VTRACE.bootstrap_value] is not None:
+        # explicit next values with a bootstrap value: vs[T] = bootstrap_value + carry (spec.py)
+        after = _next_value(None, ins[VTRACE.values], ins[VTRACE.bootstrap_value], rows, t, mask & last, T, ACC)
+    else:
+        after = nv
+    vs_next = tl.where(ndone == 0, nv, y_prev + tl.where(last, after, inner))
     store(outs[VTRACE.pg_advantages], rows, t, mask, _vtrace_pg(r, v, vs_next, nterm, g, rho_pg))
 
 
@@ -264,7 +272,8 @@ def retrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
             ev += p * tl.load(nq[0] + base_q + action * nq[3], mask=mask, other=0.0).to(ACC)
     nterm, ndone = _flags(ins, RETRACE.terminated, rows, t, mask, T, ACC)
     nxt = mask & (t + 1 < T)[None, :]
-    c_next = tl.where(nxt, _trace_coef(ins, rows, t + 1, nxt, ACC), 0.0)
+    # at the window end c[T] = 1 and q[T] = 0: the carry is c[T]*(Q_ret[T] - q[T]) itself
+    c_next = tl.where(nxt, _trace_coef(ins, rows, t + 1, nxt, ACC), 1.0)
     q_next = load(ins[RETRACE.q_values], rows, t + 1, nxt, ACC)
     alpha, beta = _retrace(load(ins[RETRACE.rewards], rows, t, mask, ACC), ev, q_next, nterm, ndone,
                            coef(ins[RETRACE.gamma], rows, t, mask, ACC), c_next)
@@ -292,9 +301,8 @@ def affine_scan_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     return alpha, beta, 0
 
 
-# name: (BUILD, INIT, STORE): ``<name>_build``, ``<name>_init`` or the carry argument or zero,
+# name: (BUILD, INIT, STORE): ``<name>_build``, ``<name>_init`` or the carry argument,
 # ``<name>_store`` or y itself
-PARTS = {name: (globals()[f"{name}_build"],
-                globals().get(f"{name}_init") or (carry_init if algo.has_carry else zero_init),
+PARTS = {name: (globals()[f"{name}_build"], globals().get(f"{name}_init", carry_init),
                 globals().get(f"{name}_store", store_y))
-         for name, algo in spec.ALGORITHMS.items()}
+         for name in spec.ALGORITHMS}

@@ -29,7 +29,8 @@ Phases: 0 = one pass per row; with the time axis split into segments, 1 = each p
 reduces its segment to the affine map y_out = A + B*y_in (written to ``ws``), 2 = each program
 folds the maps of the segments before it into its incoming carry and scans for real.
 
-``PAIR`` algorithms scan a state of two values (phase 0 only): a first value that follows its
+``PAIR`` algorithms scan a state of two values (phase 0, or phase 1 over one segment, whose
+map ``(a1, b1, a2, b2, c)`` goes to ``ws``): a first value that follows its
 own recurrence, x[t] = a1 + b1*x[t-1], and y[t] = a2 + c*x[t-1] + b2*y[t-1], which reads it
 (GAE skipping masked steps: x the value of the next unmasked step). BUILD returns
 ``((a1, a2), (b1, b2, c), ctx)``, INIT the pair of carries ``(x, y)``, and STORE sees y.
@@ -185,7 +186,13 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
         c_lo = seg * seg_chunks
         c_hi = tl.minimum(c_lo + seg_chunks, n_chunks)
 
-    if PAIR:
+    if PAIR and PHASE == 1:  # the identity map of the two-state scan
+        ma1 = tl.zeros((BLOCK_R,), ACC)
+        mb1 = ma1 + 1.0
+        ma2 = ma1
+        mb2 = mb1
+        mc1 = ma1
+    elif PAIR:
         cx, ca = INIT(ins, rows, rmask, T, ACC)
     elif PHASE == 1:
         ca = tl.zeros((BLOCK_R,), ACC)
@@ -233,14 +240,19 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
                 a1, b1, a2, b2, c1 = _mirror(a1, VEC), _mirror(b1, VEC), _mirror(a2, VEC), _mirror(b2, VEC), _mirror(
                     c1, VEC)
             A1, B1, A2, B2, C1 = tl.associative_scan((a1, b1, a2, b2, c1), 1, combine_pair, reverse=DOWN)
-            x = _step(A1, B1, cx[:, None])
-            y = _step(A2, B2, ca[:, None]) + tl.where(C1 == 0, 0.0, C1 * cx[:, None])
-            if not ONE_CHUNK:
-                cx = _pick(x, lanes, END)
-                ca = _pick(y, lanes, END)
-            if MIRROR:
-                y = _mirror(y, VEC)
-            STORE(ins, outs, rows, t, mask, y, y, ctx, T, ACC)
+            if PHASE == 1:
+                ma1, mb1, ma2, mb2, mc1 = combine_pair(ma1, mb1, ma2, mb2, mc1, _pick(A1, lanes, END),
+                                                       _pick(B1, lanes, END), _pick(A2, lanes, END),
+                                                       _pick(B2, lanes, END), _pick(C1, lanes, END))
+            else:
+                x = _step(A1, B1, cx[:, None])
+                y = _step(A2, B2, ca[:, None]) + tl.where(C1 == 0, 0.0, C1 * cx[:, None])
+                if not ONE_CHUNK:
+                    cx = _pick(x, lanes, END)
+                    ca = _pick(y, lanes, END)
+                if MIRROR:
+                    y = _mirror(y, VEC)
+                STORE(ins, outs, rows, t, mask, y, y, ctx, T, ACC)
         else:
             alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
             if not (EVEN_R and EVEN_T):
@@ -269,7 +281,14 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
                     y_prev = y
                 STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
 
-    if PHASE == 1:
+    if PHASE == 1 and PAIR:
+        w = (rows.to(tl.int64) * n_seg + seg) * 5
+        tl.store(ws + w, ma1, mask=rmask)
+        tl.store(ws + w + 1, mb1, mask=rmask)
+        tl.store(ws + w + 2, ma2, mask=rmask)
+        tl.store(ws + w + 3, mb2, mask=rmask)
+        tl.store(ws + w + 4, mc1, mask=rmask)
+    elif PHASE == 1:
         w = (rows.to(tl.int64) * n_seg + seg) * 2
         tl.store(ws + w, ca, mask=rmask)
         tl.store(ws + w + 1, cb, mask=rmask)

@@ -1,0 +1,199 @@
+"""GAE over a sequence split along time across ranks: the sharded call against all-gather-then-scan.
+
+Each rank holds a contiguous chunk of T/W steps of every row (rewards, values, done flags; one
+time-major rollout cut along time). Rows of the table, per shape, timed side by side in one run
+(every rank runs the same calls in lock step; a call's time is that of the slowest rank):
+
+- ``sharded``: ``rl_triton.gae(..., group=group)`` on the chunk (rl_triton/core/sharded.py);
+- ``all-gather``: what frameworks do today: all-gather every input's chunks, concatenate them
+  into the whole sequence, run ``rl_triton.gae`` on it, keep this rank's slice;
+- ``local``: ``rl_triton.gae`` on the chunk alone, no collective (the scan a rank cannot avoid);
+- ``collective``: one all-gather of as many bytes as the sharded call's map exchange (its fixed
+  cost).
+
+Bytes are those each rank hands to the collectives per call. With no launcher, the script
+spawns ``--world`` processes itself (gloo on the CPU, or NCCL with one GPU each); under
+``torchrun`` it takes the launcher's world.
+
+    python benchmarks/distributed.py --world 4                          # gloo, CPU, 4 ranks
+    python benchmarks/distributed.py --world 1 --device cuda            # NCCL, one GPU
+    torchrun --nproc_per_node 2 benchmarks/distributed.py --device cuda # NCCL, two GPUs
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import machine, parser, spread  # noqa: E402
+
+SHAPES = "256x32768,64x131072,8x1048576"
+WAYS = ("sharded", "all-gather", "local", "collective")
+
+
+def _chunk(B, T, world, rank, dtype, device, seed=0):
+    """This rank's chunk of rewards, values, done (time-major, [Tk, B]) and the bootstrap value;
+    every chunk drawn from its own seed, so the chunks of all ranks make up one rollout."""
+    steps = T // world
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    r = torch.randn(steps, B, generator=g, dtype=dtype)
+    v = torch.randn(steps, B, generator=g, dtype=dtype)
+    d = torch.rand(steps, B, generator=g) < 0.001
+    boot = torch.randn(B, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    return [x.to(device) for x in (r, v, d, boot)]
+
+
+class Counter:
+    """Bytes handed to all-gathers while ``on``."""
+
+    def __init__(self, dist):
+        self.on, self.bytes = False, 0
+        self.name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+        original = getattr(dist, self.name)
+
+        def counted(out, local, *args, **kwargs):
+            if self.on:
+                self.bytes += local.numel() * local.element_size()
+            return original(out, local, *args, **kwargs)
+        setattr(dist, self.name, counted)
+
+
+def _ways(rt, dist, group, world, chunk, gather_bytes):
+    r, v, d, boot = chunk
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fixed = torch.empty(max(1, gather_bytes // 4), dtype=torch.float32, device=r.device)
+    fixed_out = torch.empty(world * fixed.numel(), dtype=torch.float32, device=r.device)
+
+    def sharded():
+        return rt.gae(r, v, done=d, bootstrap_value=boot, time_dim=0, group=group)
+
+    def all_gather():
+        whole = []
+        for x in (r, v, d):
+            out = torch.empty((world * x.shape[0], x.shape[1]), dtype=x.dtype, device=x.device)
+            gather(out, x, group=group)  # time-major chunks in rank order: the whole sequence
+            whole.append(out)
+        adv, ret = rt.gae(whole[0], whole[1], done=whole[2], bootstrap_value=boot, time_dim=0)
+        lo = dist.get_rank(group) * r.shape[0]
+        return adv[lo:lo + r.shape[0]], ret[lo:lo + r.shape[0]]
+
+    def local():
+        return rt.gae(r, v, done=d, bootstrap_value=boot, time_dim=0)
+
+    def collective():
+        gather(fixed_out, fixed, group=group)
+
+    return {"sharded": sharded, "all-gather": all_gather, "local": local, "collective": collective}
+
+
+def _time(fn, calls, dist, group, device):
+    """Seconds per call of the slowest rank over ``calls`` back-to-back calls."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    dist.barrier(group)
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    took = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64, device=device)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
+    return float(took)
+
+
+def worker(rank, world, port, args):
+    import torch.distributed as dist
+
+    if port is not None:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    device = torch.device(f"cuda:{rank % max(1, torch.cuda.device_count())}" if args.device == "cuda" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
+    group = dist.group.WORLD
+    import rl_triton as rt
+
+    counter = Counter(dist)
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    try:
+        for shape in args.shapes.split(","):
+            B, T = (int(n) for n in shape.split("x"))
+            chunk = _chunk(B, T, world, rank, dtype, device)
+            # the sharded call's bytes, counted on one call; and its result against the baseline's
+            counter.on, counter.bytes = True, 0
+            got = _ways(rt, dist, group, world, chunk, 4)["sharded"]()
+            counter.on = False
+            sent = counter.bytes
+            ways = _ways(rt, dist, group, world, chunk, sent // 2)
+            want = ways["all-gather"]()
+            err = max((g.double() - w.double()).abs().max().item() for g, w in zip(got, want))
+            for fn in ways.values():  # compile and warm up
+                fn()
+            calls = max(1, min(args.max_calls, int(args.batch_s / max(_time(ways["all-gather"], 1, dist, group,
+                                                                                device), 1e-6))))
+            times = {way: [] for way in WAYS}
+            for k in range(args.rounds):
+                for way in WAYS[k % len(WAYS):] + WAYS[:k % len(WAYS)]:
+                    times[way].append(_time(ways[way], calls, dist, group, device))
+            input_bytes = sum(x.numel() * x.element_size() for x in chunk[:3])
+            rows.append((shape, times, sent, input_bytes, err))
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        _report(rows, world, args, device)
+
+
+def _report(rows, world, args, device):
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else machine()
+    print(f"\nGAE over T split across {world} rank(s) ({'NCCL' if device.type == 'cuda' else 'gloo'}, {where}), "
+          f"{args.dtype}, median ms per call of the slowest rank (lowest-highest of {args.rounds} rounds)\n")
+    print("| B x T | sharded | all-gather | local | collective | all-gather / sharded | "
+          "sharded / (local + collective) | bytes per rank: sharded | all-gather | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for shape, times, sent, input_bytes, err in rows:
+        ms = {way: spread([t * 1e3 for t in ts], "{:.3f}") for way, ts in times.items()}
+        speedup = [a / s for a, s in zip(times["all-gather"], times["sharded"])]
+        floor = [s / (lo + c) for s, lo, c in zip(times["sharded"], times["local"], times["collective"])]
+        B = int(shape.split("x")[0])
+        print(f"| {shape} | {ms['sharded']} | {ms['all-gather']} | {ms['local']} | {ms['collective']} | "
+              f"{spread(speedup, '{:.1f}', 'x')} | {spread(floor, '{:.2f}', 'x')} | {sent} ({sent / B:.0f} B/row) | "
+              f"{input_bytes} | {err:.1e} |")
+    print(f"\nmedian of all-gather / sharded at {rows[-1][0]}: "
+          f"{statistics.median(a / s for a, s in zip(rows[-1][1]['all-gather'], rows[-1][1]['sharded'])):.1f}x")
+
+
+def main():
+    p = parser(__doc__)
+    p.add_argument("--world", type=int, default=4, help="ranks to spawn when not under torchrun")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="gloo on the CPU or NCCL on GPUs")
+    p.add_argument("--shapes", default=SHAPES, help="comma-separated BxT (T divisible by the world)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="float dtype")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of the side-by-side timing")
+    p.add_argument("--batch-s", type=float, default=0.3, help="seconds of calls per timed batch (about)")
+    p.add_argument("--max-calls", type=int, default=200, help="at most this many calls per timed batch")
+    args = p.parse_args()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
+        worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, args)
+        return
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if args.device == "cpu":  # the cores shared out among the ranks
+        threads = str(max(1, (os.cpu_count() or 1) // args.world))
+        os.environ.setdefault("NUMBA_NUM_THREADS", threads)
+        os.environ.setdefault("OMP_NUM_THREADS", threads)
+    mp.spawn(worker, args=(args.world, port, args), nprocs=args.world, join=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""Sequences split along time across the ranks of a ``torch.distributed`` process group
+(context parallelism): ``group=`` on every estimator and on ``affine_scan``.
+
+Rank k of the group holds a contiguous chunk of the time axis of every per-step input (the
+ranks in rank order make up the whole window; a chunk may be empty) and gets its slice of the
+result that the unsharded call gives. A scan's chunk reduces to one affine map per row, so the
+ranks exchange maps, never steps (docs/distributed.md):
+
+1. **Boundary inputs** that a chunk's last step reads from the next one (reverse scans): V(s_t1)
+   of the implied next-value form, the next episode start of observation-aligned flags, the
+   padded mask's next value. Where a call has any, one all-gather of them per row; each chunk
+   runs with them as its window-end inputs (``bootstrap_value``, ``last_done``).
+2. **The chunk's map.** The local call with carry 0 reports, per row, the value it hands to the
+   chunk before it and how that moves with its carry (rl_triton/core/spec.py, edge maps; Triton
+   computes only the map, the numba and torch paths the outputs too). The chunk at the end of
+   the window runs with its own window end and hands on a fixed value.
+3. **One all-gather of the maps** (2 numbers per row, 5 for GAE skipping masked steps), folded
+   from the window's end to each chunk: its carry.
+4. **The local call again**, from that carry: this rank's outputs.
+
+Forward scans (eligibility traces, running sums, forward ``affine_scan``) mirror this from the
+window's start and need no boundary inputs. Every collective moves O(rows) numbers, whatever T
+is, and none synchronises with the host.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from . import launch
+from .plans import CHUNK, Chunk
+from .whiten import _check_group_type, gather_ranks, masked_whiten
+
+
+class Rule(NamedTuple):
+    """How one public function runs sharded: ``reverse`` (None: its ``reverse`` argument);
+    ``boundary(kw, first)`` the window-end inputs a chunk takes from the next chunk's first step
+    (``first(name)``: that input at the chunk's first step, per row), by argument name;
+    ``hands(kw, first, last, a, b)``: the value handed on, where not the scan value at the edge;
+    ``own(kw, last)``: the window end's own value of a boundary input that goes to the kernel."""
+    reverse: bool | None
+    boundary: object = None
+    hands: object = None
+    own: object = None
+
+
+def _gae_boundary(kw, first):
+    """GAE and V-trace: V(s_t1) of the implied form (padded mask: 0 where masked), the next
+    episode start of observation-aligned flags; GAE skipping masked steps carries V(s_t1) in
+    its two-state map instead."""
+    out = {}
+    mask = kw.get("mask")
+    if mask is not None:
+        if kw.get("mask_mode", "skip") == "pad":
+            out["bootstrap_value"] = torch.where(first("mask") != 0, first("values"), 0.0)
+        return out
+    if kw.get("next_values") is None:
+        out["bootstrap_value"] = first("values")
+    return {**out, **_starts_boundary(kw, first)}
+
+
+def _vtrace_boundary(kw, first):
+    """GAE's, and with explicit next values V(s_t1) all the same: vs[t1] = values[t1] + carry
+    (a kernel argument, spec.NV_EXPLICIT_EDGE; at the window's end next_values[T-1])."""
+    out = _gae_boundary(kw, first)
+    if kw.get("next_values") is not None:
+        out[KERNEL + "bootstrap_value"] = first("values")
+    return out
+
+
+def _vtrace_own(kw, last):
+    return {KERNEL + "bootstrap_value": last("next_values")} if kw.get("next_values") is not None else {}
+
+
+KERNEL = "kernel:"  # a boundary input that goes to the kernel (plans.Chunk.args), not to the call
+
+
+def _starts_boundary(kw, first):
+    return {"last_done": first("episode_starts")} if kw.get("episode_starts") is not None else {}
+
+
+def _retrace_hands(kw, first, last, a, b):
+    """Retrace's carry is c[t]*(Q_ret[t] - q[t]) at the chunk's first step."""
+    ratio = torch.exp(first("log_pi") - first("log_mu")).clamp(max=kw.get("c_bar", 1.0))
+    lmbda = kw.get("lmbda", 1.0)
+    c = (first("lmbda") if isinstance(lmbda, torch.Tensor) else lmbda) * ratio
+    c, q = c.reshape(-1).to(a.dtype), first("q_values").reshape(-1).to(a.dtype)
+    return torch.where(c == 0, 0.0, c * (a - q)), torch.where(c == 0, 0.0, c * b)
+
+
+def _trace_hands(kw, first, last, a, b):
+    """A trace hands on (1 - done[T-1]) * e[T-1]: nothing past a done."""
+    if kw.get("done") is None:
+        return a, b
+    cut = last("done").reshape(-1) != 0
+    return torch.where(cut, 0.0, a), torch.where(cut, 0.0, b)
+
+
+RULES = {
+    "gae": Rule(True, _gae_boundary),
+    "vtrace": Rule(True, _vtrace_boundary, own=_vtrace_own),
+    "td_lambda_return": Rule(True, _starts_boundary),
+    "discounted_return": Rule(True, _starts_boundary),
+    "retrace": Rule(True, _starts_boundary, _retrace_hands),
+    "eligibility_trace": Rule(False, None, _trace_hands),
+    "episodic_cumsum": Rule(False, None, _trace_hands),
+    "affine_scan": Rule(None),
+}
+
+
+def check_group(group, tensors) -> None:
+    """Raise for a bad ``group`` or for inputs it cannot serve, before any collective."""
+    import torch.distributed as dist
+
+    _check_group_type(group)
+    if dist.get_rank(group) < 0:
+        raise ValueError("group: this process is not a member of the process group")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        raise ValueError("group= does not support autograd (the carries of other ranks carry no gradient); "
+                         "call under torch.no_grad() or detach the inputs")
+
+
+def run(fn, kw: dict):
+    """``fn`` (a public function, ``fn.__name__`` in RULES) on this rank's chunk: ``kw`` its
+    arguments by name, with ``group``."""
+    kw = dict(kw)
+    group = kw.pop("group")
+    rule = RULES[fn.__name__]
+    check_group(group, [x for x in kw.values() if isinstance(x, torch.Tensor)])
+    if kw.get("cu_seqlens") is not None or kw.get("max_seqlen") is not None:
+        raise ValueError("group= does not combine with cu_seqlens: pass the packed chunk as one row with its "
+                         "sequence ends as done flags (docs/distributed.md)")
+    whiten = kw.get("whiten", False)
+    if whiten is not False:
+        kw["whiten"] = False
+    out = kw.pop("out", None)
+    ref = kw[next(iter(kw))]
+    tdim = kw.get("time_dim", -1)
+    if not isinstance(ref, torch.Tensor) or ref.ndim == 0 or isinstance(tdim, bool) or not isinstance(tdim, int) \
+            or not -ref.ndim <= tdim < ref.ndim:
+        return fn(**kw, out=out)  # the function's own checks name the problem
+    tdim %= ref.ndim
+    reverse = rule.reverse if rule.reverse is not None else kw.get("reverse", True)
+    steps = ref.shape[tdim]
+    rows_shape = ref.shape[:tdim] + ref.shape[tdim + 1:]
+    n_rows = rows_shape.numel()
+    cd = torch.float64 if ref.dtype == torch.float64 else torch.float32
+    device = ref.device
+    two_state = fn.__name__ == "gae" and kw.get("mask") is not None and kw.get("mask_mode", "skip") == "skip"
+
+    def at(t):
+        def step(name):
+            x = kw[name]
+            if not isinstance(x, torch.Tensor):
+                return torch.full(rows_shape, float(x), dtype=cd, device=device)
+            return x.expand(ref.shape).select(tdim, t) if steps else torch.zeros(rows_shape, dtype=x.dtype,
+                                                                                  device=device)
+        return step
+
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    local_kw = dict(kw)
+    # 1. boundary inputs: every rank's first step, and whether it has one
+    mine = rule.boundary(kw, at(0)) if rule.boundary is not None and reverse else {}
+    if mine:
+        names = list(mine)
+        local = torch.cat([torch.stack([mine[n].to(cd).reshape(-1) for n in names]).reshape(-1),
+                           torch.full((1,), float(steps > 0), dtype=cd, device=device)])
+        own = {**kw, **(rule.own(kw, at(-1)) if rule.own is not None else {})}
+        local_kw.update(_boundary_for(gather_ranks(local, group), rank, names, rows_shape, own))
+    kernel_args = {name[len(KERNEL):]: local_kw.pop(name).reshape(-1) for name in list(local_kw)
+                   if name.startswith(KERNEL)}
+    # 2. the chunk's map from carry 0, and the carry of the window's own end (the last column)
+    width = 5 if two_state else 2
+    edge = torch.zeros(n_rows, width + 1, dtype=torch.float64, device=device)
+    result = None
+    if steps:
+        zero = torch.zeros(n_rows, dtype=cd, device=device)
+        first_kw = {**local_kw, "bootstrap_value": zero.reshape(rows_shape)} if two_state else local_kw
+        token = CHUNK.set(Chunk(zero, edge, kernel_args))
+        try:
+            result = fn(**first_kw)
+        finally:
+            CHUNK.reset(token)
+        if rule.hands is not None:
+            edge[:, 0], edge[:, 1] = rule.hands(kw, at(0), at(-1), edge[:, 0], edge[:, 1])
+
+    if two_state:  # the window end's own first state, the bootstrap value
+        boot = kw.get("bootstrap_value")
+        edge = torch.cat([edge, torch.zeros_like(edge[:, :1]) if boot is None else
+                          boot.expand(rows_shape).reshape(-1, 1).to(edge.dtype)], 1)
+    # 3. one all-gather of the maps (with whether each chunk has steps), folded to this chunk
+    local = torch.cat([edge.to(cd).reshape(-1), torch.full((1,), float(steps > 0), dtype=cd, device=device)])
+    gathered = gather_ranks(local, group)
+    present = gathered[:, -1] != 0
+    maps = gathered[:, :-1].view(world, n_rows, edge.shape[1])
+    backend = launch.resolve_backend(kw.get("backend"), device)
+    carry = _fold(maps, present, rank, reverse, backend)
+    # 4. this rank's outputs from its carry
+    if steps:
+        if two_state:
+            local_kw["bootstrap_value"] = carry[0].reshape(rows_shape).to(ref.dtype)
+            carry = carry[1]
+        token = CHUNK.set(Chunk(carry, None, kernel_args))
+        try:  # into the first pass's outputs (already allocated) unless the caller gave some
+            result = fn(**local_kw, out=result if out is None else out)
+        finally:
+            CHUNK.reset(token)
+    else:
+        result = fn(**kw, out=out)  # the function's own empty outputs
+    if whiten is not False:
+        options = {} if whiten is True else dict(whiten)
+        options.setdefault("group", group)
+        masked_whiten(result[0], kw["mask"].expand(result[0].shape), out=result[0], **options)
+    return result
+
+
+def _step(a, b, c):
+    return torch.where(b == 0, a, a + b * c)
+
+
+def _fold(maps, present, rank: int, reverse: bool, backend: str):
+    """This chunk's carry from every chunk's map (``[world, R, k + 1]``: the map, then the carry
+    of the window's own end; two-state maps then the window end's own first state): the maps of
+    the chunks between this one and the window's end applied to the carry of the last nonempty
+    chunk in scan order, which starts from the window's own carry; that carry itself where this
+    chunk is the last nonempty one. Empty chunks pass the carry on. Two-state maps give
+    (bootstrap, carry)."""
+    world = maps.shape[0]
+    order = torch.arange(world, device=maps.device)
+    beyond = (order > rank) if reverse else (order < rank)
+    count = present.long()
+    later = (count.flip(0).cumsum(0).flip(0) if reverse else count.cumsum(0)) - count > 0
+    ends = (present & ~later)[:, None]
+    fed = (present & beyond).any()  # some nonempty chunk lies between this one and the window's end
+    keep = present[:, None]
+    if maps.shape[-1] == 3:
+        a, b, own = maps.unbind(-1)
+        a = torch.where(keep, torch.where(ends, _step(a, b, own), a), 0.0)
+        b = torch.where(keep, torch.where(ends, 0.0, b), 1.0)
+        return torch.where(fed, _chain(a, b, reverse, backend)[rank], own[rank])
+    a1, b1, a2, b2, c, own_y, own_x = maps.unbind(-1)
+    cross = torch.where(c == 0, 0.0, c * own_x)
+    a1 = torch.where(keep, torch.where(ends, _step(a1, b1, own_x), a1), 0.0)
+    a2 = torch.where(keep, torch.where(ends, _step(a2, b2, own_y) + cross, a2), 0.0)
+    b1 = torch.where(keep, torch.where(ends, 0.0, b1), 1.0)
+    b2 = torch.where(keep, torch.where(ends, 0.0, b2), 1.0)
+    c = torch.where(keep & ~ends, c, 0.0)
+    x = _chain(a1, b1, reverse, backend)  # the first state each chunk receives
+    y = _chain(a2 + torch.where(c == 0, 0.0, c * x), b2, reverse, backend)
+    return torch.where(fed, x[rank], own_x[rank]), torch.where(fed, y[rank], own_y[rank])
+
+
+def _chain(a, b, reverse: bool, backend: str):
+    """``[world, R]``: the carry each chunk receives, y[j] = the maps beyond j folded from 0."""
+    alpha, beta = a.t().contiguous(), b.t().contiguous()
+    zero = torch.zeros(alpha.shape[0], dtype=alpha.dtype, device=alpha.device)
+    y = launch.scan_rows(alpha, beta, zero, reverse, backend)  # y[:, j] = map j applied to the rest
+    shifted = torch.cat([y[:, 1:], zero[:, None]], 1) if reverse else torch.cat([zero[:, None], y[:, :-1]], 1)
+    return shifted.t()
+
+
+def _boundary_for(gathered, rank, names, rows_shape, kw):
+    """The window-end inputs of this rank's chunk: the first step of the nearest nonempty chunk
+    after it, or the caller's own where none follows."""
+    world = gathered.shape[0]
+    present = gathered[:, -1] != 0
+    values = gathered[:, :-1].view(world, len(names), -1)
+    after = present.clone()
+    after[:rank + 1] = False
+    # the nearest nonempty rank after this one, found without reading the flags on the host
+    order = torch.arange(world, device=gathered.device)
+    nearest = torch.where(after, order, world).min()
+    found = nearest < world
+    pick = values[nearest.clamp(max=world - 1)]
+    out = {}
+    for i, name in enumerate(names):
+        source = name[len(KERNEL):] if name.startswith(KERNEL) else name
+        own = kw.get(name)
+        theirs = pick[i].reshape(rows_shape)
+        if own is None:
+            own = torch.zeros_like(theirs)
+        own = own.expand(rows_shape) if isinstance(own, torch.Tensor) else torch.full_like(theirs, float(own))
+        value = torch.where(found, theirs, own.to(theirs.dtype))
+        like = kw.get(name) if isinstance(kw.get(name), torch.Tensor) else kw[_source(source)]
+        out[name] = value.to(like.dtype) if like.dtype.is_floating_point else value != 0
+    return out
+
+
+def _source(name: str) -> str:
+    return {"bootstrap_value": "values", "last_done": "episode_starts"}[name]

@@ -1,0 +1,285 @@
+"""Sequences split along time across gloo ranks on this machine (``group=``,
+rl_triton/core/sharded.py): every estimator and ``affine_scan`` in both directions, every
+flag form of the catalog, masks of both semantics, on uneven chunks (empty ones included) with
+flags exactly on the chunk boundaries, against the single-process call (float64 to 1e-12) and
+the float64 oracle; and the bytes each rank hands to the collectives, which do not grow with T."""
+
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+import rl_triton
+from rl_triton.core import launch
+from rl_triton.testing import catalog, oracle
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                                reason="needs torch.distributed with gloo")
+
+F32, F64 = torch.float32, torch.float64
+ROWS = 3
+# chunk lengths per world: uneven, with empty chunks first, inside and last
+CHUNKS = {2: (5, 8), 3: (0, 6, 7), 4: (4, 0, 9, 0)}
+BYTES_PER_ROW = 64
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(worker, world, *args):
+    """``worker(rank, world, group, *args)`` on ``world`` gloo ranks."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_rank, args=(world, _free_port(), worker, *args), nprocs=world, join=True)
+
+
+def _rank(rank, world, port, worker, *args):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        worker(rank, world, dist.group.WORLD, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _bounds(world, steps=None):
+    lengths = CHUNKS[world]
+    if steps is not None:  # the same proportions over ``steps``
+        cuts = np.round(np.cumsum(lengths) / sum(lengths) * steps).astype(int)
+        return [0, *cuts.tolist()]
+    return [0, *np.cumsum(lengths).tolist()]
+
+
+def _chunk_call(fn, args, kwargs, lo, hi, group, **extra):
+    """``fn`` on steps [lo, hi) of batch-major [R, T] tensors (per-row inputs whole)."""
+    def cut(x):
+        return x[:, lo:hi] if isinstance(x, torch.Tensor) and x.ndim == 2 else x
+    return getattr(rl_triton, fn)(*map(cut, args), **{k: cut(v) for k, v in kwargs.items()}, group=group, **extra)
+
+
+def _tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _close(got, expected, tol, what):
+    got, expected = got.double(), torch.as_tensor(np.asarray(expected), dtype=F64)
+    assert got.shape == expected.shape, (what, got.shape, expected.shape)
+    if got.numel():
+        err = ((got - expected).abs() / (1 + expected.abs())).max().item()
+        assert err <= tol, f"{what}: relative error {err:.3g} > {tol:g}"
+
+
+def _backends():
+    names = ["cpu", "torch"] if launch.resolve_backend(None, torch.device("cpu")) == "cpu" else ["torch"]
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        names.append("triton")
+    return names
+
+
+def _catalog_worker(rank, world, group):
+    bounds = _bounds(world)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    for backend in _backends():
+        for fn, variants in catalog.VARIANTS.items():
+            for variant in variants:
+                for dtype, tol in ((F64, 1e-12), (F32, 1e-5)):
+                    for time_dim in ((-1, 0) if variant == next(iter(variants)) else (-1,)):
+                        shape = (ROWS, bounds[-1]) if time_dim == -1 else (bounds[-1], ROWS)
+                        p = catalog.make(fn, shape, variant, dtype=dtype, time_dim=time_dim, seed=world,
+                                         p_term=0.15, p_trunc=0.1).flagged_at(bounds[1:-1])
+                        whole = p.call(backend)
+                        got = p.steps(lo, hi).call(backend, group=group)
+                        what = f"{fn} {variant} {dtype} time_dim={time_dim} on {backend}, rank {rank}"
+                        for g, w, e in zip(got, whole, _tuple(p.expected())):
+                            assert g.dtype == w.dtype and g.device == w.device, what
+                            _close(g, w.narrow(time_dim % 2, lo, hi - lo), tol, what + " vs one process")
+                            _close(g, torch.as_tensor(np.asarray(e)).narrow(time_dim % 2, lo, hi - lo),
+                                   1e-10 if dtype == F64 else 1e-4, what + " vs the oracle")
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_estimator_matches_the_unsharded_call(world):
+    _spawn(_catalog_worker, world)
+
+
+def _masks(shape, seed, bounds):
+    g = np.random.default_rng(seed)
+    m = g.random(shape) < 0.6
+    m[0, :] = True  # a row without holes
+    m[1, bounds[1]:bounds[2]] = False  # a chunk of row 1 entirely masked
+    m[2, :bounds[1]] = False
+    return torch.from_numpy(m)
+
+
+def _mask_worker(rank, world, group):
+    bounds = _bounds(world)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    shape = (ROWS, bounds[-1])
+    for backend in _backends():
+        for dtype, tol in ((F64, 1e-12), (F32, 1e-5)):
+            g = torch.Generator().manual_seed(world)
+            r, v = torch.randn(shape, generator=g, dtype=dtype), torch.randn(shape, generator=g, dtype=dtype)
+            boot = torch.randn(ROWS, generator=g, dtype=dtype)
+            mask = _masks(shape, world, bounds)
+            for mode in ("skip", "pad"):
+                for kw in (dict(), dict(bootstrap_value=boot), dict(gamma=0.9, lmbda=0.8)):
+                    what = f"gae mask_mode={mode} {kw.keys()} {dtype} on {backend}, rank {rank}"
+                    whole = rl_triton.gae(r, v, mask=mask, mask_mode=mode, backend=backend, **kw)
+                    got = _chunk_call("gae", (r, v), dict(mask=mask, mask_mode=mode, **kw), lo, hi, group,
+                                      backend=backend)
+                    for gt, w in zip(got, whole):
+                        _close(gt, w[:, lo:hi], tol, what)
+                    boot_kw = kw.get("bootstrap_value")
+                    adv, _ = oracle.gae_masked(r.double().numpy(), v.double().numpy(), mask.numpy(),
+                                               np.full(shape, kw.get("gamma", 0.99)),
+                                               np.full(shape, kw.get("lmbda", 0.95)), mode,
+                                               None if boot_kw is None else boot_kw.double().numpy())
+                    _close(got[0], adv[:, lo:hi], 1e-10 if dtype == F64 else 1e-4,
+                           what + " vs the oracle")
+            # whitening over every rank's tokens
+            whole = rl_triton.gae(r, v, mask=mask, whiten=True, backend=backend)
+            got = _chunk_call("gae", (r, v), dict(mask=mask, whiten=True), lo, hi, group, backend=backend)
+            _close(got[0], whole[0][:, lo:hi], 1e-10 if dtype == F64 else 1e-4, f"whiten {dtype} on {backend}")
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_masked_gae_matches_the_unsharded_call(world):
+    _spawn(_mask_worker, world)
+
+
+def _regime_worker(rank, world, group):
+    """The Triton edge map over a split time axis (several segments folded) and over chunks."""
+    from rl_triton.core import kernels
+
+    bounds = _bounds(world, 40)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    for fn, variant in (("gae", "done+bootstrap"), ("vtrace", "gym"), ("affine_scan", "forward"),
+                        ("eligibility_trace", "done+initial"), ("retrace", "expected")):
+        p = catalog.make(fn, (ROWS, bounds[-1]), variant, dtype=F64, seed=1, p_term=0.1).flagged_at(bounds[1:-1])
+        whole = p.call("triton")
+        for plan in (dict(block_t=4, n_seg=3), dict(block_t=8, block_r=2)):
+            with kernels.forced_plan(**plan):
+                got = p.steps(lo, hi).call("triton", group=group)
+            for g, w in zip(got, whole):
+                _close(g, w[:, lo:hi], 1e-12, f"{fn} {plan}")
+    g = torch.Generator().manual_seed(3)
+    r, v = torch.randn(ROWS, bounds[-1], generator=g, dtype=F64), torch.randn(ROWS, bounds[-1], generator=g,
+                                                                               dtype=F64)
+    mask = _masks((ROWS, bounds[-1]), 3, bounds)
+    whole = rl_triton.gae(r, v, mask=mask, backend="triton")
+    with kernels.forced_plan(block_t=4):
+        got = _chunk_call("gae", (r, v), dict(mask=mask), lo, hi, group, backend="triton")
+    _close(got[0], whole[0][:, lo:hi], 1e-12, "masked gae, chunks of 4")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton kernels run in the interpreter")
+@pytest.mark.parametrize("world", [2, 3])
+def test_triton_edge_maps_over_split_time(world):
+    _spawn(_regime_worker, world)
+
+
+def _bytes_worker(rank, world, group, sent):
+    import torch.distributed as dist
+
+    counted = []
+    for name in ("all_gather_single", "all_gather_into_tensor", "all_gather", "all_reduce", "broadcast",
+                 "send", "recv", "isend", "irecv", "all_to_all_single", "reduce_scatter_tensor"):
+        if hasattr(dist, name):
+            original = getattr(dist, name)
+
+            def wrapped(*args, _name=name, _fn=original, **kwargs):
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                local = tensors[-1] if _name.startswith("all_gather") and len(tensors) > 1 else tensors[0]
+                counted.append(local.numel() * local.element_size())
+                return _fn(*args, **kwargs)
+            setattr(dist, name, wrapped)
+    for steps in (16, 4096):
+        bounds = _bounds(world, steps)
+        lo, hi = bounds[rank], bounds[rank + 1]
+        for fn, variant, dtype in (("gae", "episode_starts", F32), ("gae", "episode_starts", F64),
+                                   ("vtrace", "gym", F32), ("retrace", "expected", F32),
+                                   ("eligibility_trace", "done+initial", F32)):
+            p = catalog.make(fn, (ROWS, steps), variant, dtype=dtype, seed=0)
+            counted.clear()
+            p.steps(lo, hi).call(group=group)
+            sent[f"{fn} {variant} {dtype} {steps} {rank}"] = sum(counted)
+        r = torch.randn(ROWS, steps)
+        counted.clear()
+        _chunk_call("gae", (r, r), dict(mask=r > 0), lo, hi, group)
+        sent[f"gae skip mask {steps} {rank}"] = sum(counted)
+
+
+def test_bytes_per_rank_do_not_grow_with_time():
+    import torch.multiprocessing as mp
+
+    world = 2
+    with mp.Manager() as manager:
+        sent = manager.dict()
+        mp.spawn(_rank, args=(world, _free_port(), _bytes_worker, sent), nprocs=world, join=True)
+        sent = dict(sent)
+    for key, n in sent.items():
+        assert 0 < n <= BYTES_PER_ROW * ROWS, (key, n)
+        assert n == sent[key.replace(" 16 ", " 4096 ") if " 16 " in key else key.replace(" 4096 ", " 16 ")], key
+
+
+def _validation_worker(rank, world, group):
+    r = torch.randn(ROWS, 5)
+    with pytest.raises(TypeError, match="group"):
+        rl_triton.gae(r, r, group="world")
+    with pytest.raises(ValueError, match="autograd"):
+        rl_triton.gae(r.clone().requires_grad_(), r, group=group)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        rl_triton.gae(r[0], r[0], cu_seqlens=torch.tensor([0, 5]), group=group)
+
+
+def test_bad_groups_and_unsupported_combinations_raise():
+    _spawn(_validation_worker, 2)
+
+
+def _groups_worker(rank, world, group):
+    """group_advantages over responses spread across ranks, groups spanning ranks (a rank may hold
+    none), against the call on the whole batch."""
+    import torch.distributed as dist
+
+    counts = {2: (5, 7), 3: (6, 0, 9)}[world]
+    B, G = sum(counts), 5
+    lo = sum(counts[:rank])
+    calls = []
+    original = dist.all_gather_into_tensor if not hasattr(dist, "all_gather_single") else dist.all_gather_single
+    name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+    setattr(dist, name, counting)
+    for dtype, tol in ((F64, 1e-12), (F32, 1e-5)):
+        g = torch.Generator().manual_seed(world)
+        scores = torch.randn(B, generator=g, dtype=dtype)
+        ids = torch.randint(0, G - 1, (B,), generator=g)  # id G-1 unused; groups of one and more
+        ids[0], ids[-1] = 0, 3
+        mask = torch.rand(B, 4, generator=g) < 0.7
+        mine = slice(lo, lo + counts[rank])
+        for mode in ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline"):
+            whole = rl_triton.group_advantages(scores, ids, mode=mode, mask=mask)
+            calls.clear()
+            got = rl_triton.group_advantages(scores[mine], ids[mine], mode=mode, mask=mask[mine], group=group,
+                                             num_groups=G)
+            assert len(calls) == (2 if mode == "reinforce_plus_plus_baseline" else 1), (mode, calls)
+            _close(got, whole[mine], tol, f"group_advantages {mode} {dtype} rank {rank}")
+    with pytest.raises(TypeError, match="num_groups"):
+        rl_triton.group_advantages(scores[mine], ids[mine], group=group)
+    with pytest.raises(TypeError, match="group_ids"):
+        rl_triton.group_advantages(scores[mine], ids[mine].tolist(), group=group, num_groups=G)
+    with pytest.raises(ValueError, match="num_groups"):
+        rl_triton.group_advantages(scores, ids, num_groups=G)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_group_advantages_over_ranks_match_the_whole_batch(world):
+    _spawn(_groups_worker, world)
