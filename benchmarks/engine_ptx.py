@@ -56,10 +56,14 @@ def _calls(rt, torch, R, T, dtype, g):
         "affine_scan_forward": lambda: rt.affine_scan(r, v, reverse=False, **kw),
         "gae_mask_skip": lambda: rt.gae(r, v, mask=~term, bootstrap_value=boot, **kw),
         "gae_mask_pad": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", **kw),
+        "gae_mask_skip_bootstrap": lambda: rt.gae(r, v, mask=~term, bootstrap_value=boot, gamma=0.9, **kw),
+        "gae_mask_pad_bootstrap": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", bootstrap_value=boot, **kw),
         # a chunk of a sequence split across ranks: the edge maps' reduce launches (rl_triton/core/sharded.py)
         "gae_edge_map": _chunk(torch, R, 2, lambda: rt.gae(r, v, bootstrap_value=boot, done=done, **kw)),
         "vtrace_edge_map": _chunk(torch, R, 2, lambda: rt.vtrace(r, v, lp, lm, done=done, **kw)),
         "gae_mask_skip_edge_map": _chunk(torch, R, 5, lambda: rt.gae(r, v, mask=~term, **kw)),
+        "gae_mask_pad_edge_map": _chunk(torch, R, 2, lambda: rt.gae(r, v, mask=~term, mask_mode="pad",
+                                                                    bootstrap_value=boot, **kw)),
     }
 
 
@@ -102,16 +106,23 @@ def collect(root: str | None) -> dict:
     print(f"rl_triton from {rt.__file__}, triton {triton.__version__}", flush=True)
     kernels.INTERPRET = True  # CPU tensors take the Triton backend; nothing is launched
     kernels._multiprocessors = lambda device: MULTIPROCESSORS
-    engine, captured = kernels.scan_kernel, []
+    captured = []
 
     class Compile:
+        """A jit kernel whose launches compile it and keep the PTX instead."""
+
+        def __init__(self, jit):
+            self.jit = jit
+
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                kernel = engine.run(*args, grid=grid, warmup=True, **kwargs)
+                kernel = self.jit.run(*args, grid=grid, warmup=True, **kwargs)
                 captured.append((kernel.result() if hasattr(kernel, "result") else kernel).asm["ptx"])
             return launch
 
-    kernels.scan_kernel = Compile()
+    for name in ("scan_kernel", "edge_kernel"):  # the edge maps' fold, where the checkout has it
+        if hasattr(kernels, name):
+            setattr(kernels, name, Compile(getattr(kernels, name)))
     g = torch.Generator().manual_seed(0)
     out = {}
     for R, T in SHAPES:
@@ -135,7 +146,7 @@ def _instructions(ptx: str) -> list[str]:
     for line in body.splitlines():
         line = line.strip()
         if line and not line.startswith((".loc", ".file", "//", "$L__")):
-            lines.append(re.sub(r"scan_kernel\w*", "K", line))
+            lines.append(re.sub(r"(scan|edge)_kernel\w*", "K", line))
     return lines
 
 

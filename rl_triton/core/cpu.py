@@ -190,7 +190,7 @@ def gae_episode_starts_blocks(rewards, values, episode_starts, bootstrap_value, 
                 value_targets[i, t] = x + values[i, t]
 
 
-def masked_gae(rewards, values, mask, carry, bootstrap_value, gamma, lmbda, advantages, value_targets, edge):
+def masked_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, advantages, value_targets, edge):
     """GAE over the unmasked steps: the next value and the advantage carry across masked steps;
     value targets are advantages + values at every step. The edge map is the two-state one
     ``(a1, b1, a2, b2, c)`` of (next unmasked value, advantage) at t = 0 on (bootstrap, carry)."""
@@ -220,7 +220,7 @@ def masked_gae(rewards, values, mask, carry, bootstrap_value, gamma, lmbda, adva
             edge[i, 4] = c
 
 
-def padded_gae(rewards, values, mask, carry, bootstrap_value, gamma, lmbda, advantages, value_targets, edge):
+def padded_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, advantages, value_targets, edge):
     """GAE with rewards and values read as 0 where the mask is 0; value targets are advantages +
     the zeroed values."""
     R, T = rewards.shape

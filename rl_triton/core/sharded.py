@@ -241,7 +241,7 @@ def _fold(maps, present, rank: int, reverse: bool, backend: str):
         a, b, own = maps.unbind(-1)
         a = torch.where(keep, torch.where(ends, _step(a, b, own), a), 0.0)
         b = torch.where(keep, torch.where(ends, 0.0, b), 1.0)
-        return torch.where(fed, _chain(a, b, reverse, backend)[rank], own[rank])
+        return torch.where(fed, _chain(a, b, rank, reverse, backend), own[rank])
     a1, b1, a2, b2, c, own_y, own_x = maps.unbind(-1)
     cross = torch.where(c == 0, 0.0, c * own_x)
     a1 = torch.where(keep, torch.where(ends, _step(a1, b1, own_x), a1), 0.0)
@@ -249,45 +249,55 @@ def _fold(maps, present, rank: int, reverse: bool, backend: str):
     b1 = torch.where(keep, torch.where(ends, 0.0, b1), 1.0)
     b2 = torch.where(keep, torch.where(ends, 0.0, b2), 1.0)
     c = torch.where(keep & ~ends, c, 0.0)
-    x = _chain(a1, b1, reverse, backend)  # the first state each chunk receives
-    y = _chain(a2 + torch.where(c == 0, 0.0, c * x), b2, reverse, backend)
-    return torch.where(fed, x[rank], own_x[rank]), torch.where(fed, y[rank], own_y[rank])
+    x = _received(a1, b1, reverse, backend)  # the first state each chunk receives
+    y = _chain(a2 + torch.where(c == 0, 0.0, c * x), b2, rank, reverse, backend)
+    return torch.where(fed, x[rank], own_x[rank]), torch.where(fed, y, own_y[rank])
 
 
-def _chain(a, b, reverse: bool, backend: str):
-    """``[world, R]``: the carry each chunk receives, y[j] = the maps beyond j folded from 0."""
-    alpha, beta = a.t().contiguous(), b.t().contiguous()
-    zero = torch.zeros(alpha.shape[0], dtype=alpha.dtype, device=alpha.device)
-    y = launch.scan_rows(alpha, beta, zero, reverse, backend)  # y[:, j] = map j applied to the rest
-    shifted = torch.cat([y[:, 1:], zero[:, None]], 1) if reverse else torch.cat([zero[:, None], y[:, :-1]], 1)
-    return shifted.t()
+def _received(a, b, reverse: bool, backend: str):
+    """``[world, R]``: the carry each chunk receives, the maps beyond it folded from 0."""
+    zero = torch.zeros(a.shape[1], dtype=a.dtype, device=a.device)
+    y = launch.scan_rows(a.t(), b.t(), zero, reverse, backend)
+    return (torch.cat([y[:, 1:], zero[:, None]], 1) if reverse else torch.cat([zero[:, None], y[:, :-1]], 1)).t()
+
+
+def _chain(a, b, rank: int, reverse: bool, backend: str):
+    """``[R]``: the maps (``[world, R]``) of the chunks beyond this one in scan order, folded from
+    0: the carry this chunk receives."""
+    a, b = (a[rank + 1:], b[rank + 1:]) if reverse else (a[:rank], b[:rank])
+    zero = torch.zeros(a.shape[1], dtype=a.dtype, device=a.device)
+    if a.shape[0] == 0:
+        return zero
+    y = launch.scan_rows(a.t(), b.t(), zero, reverse, backend)
+    return y[:, 0 if reverse else -1]
 
 
 def _boundary_for(gathered, rank, names, rows_shape, kw):
     """The window-end inputs of this rank's chunk: the first step of the nearest nonempty chunk
-    after it, or the caller's own where none follows."""
+    after it, or the caller's own where none follows (found without reading a flag on the host)."""
     world = gathered.shape[0]
-    present = gathered[:, -1] != 0
-    values = gathered[:, :-1].view(world, len(names), -1)
-    after = present.clone()
-    after[:rank + 1] = False
-    # the nearest nonempty rank after this one, found without reading the flags on the host
     order = torch.arange(world, device=gathered.device)
+    after = (gathered[:, -1] != 0) & (order > rank)
     nearest = torch.where(after, order, world).min()
-    found = nearest < world
-    pick = values[nearest.clamp(max=world - 1)]
+    theirs = gathered[:, :-1].index_select(0, nearest.clamp(max=world - 1).view(1)).view(len(names), -1)
+    own = torch.stack([_own(kw.get(name), rows_shape, theirs) for name in names])
+    value = torch.where(nearest < world, theirs, own)
     out = {}
     for i, name in enumerate(names):
         source = name[len(KERNEL):] if name.startswith(KERNEL) else name
-        own = kw.get(name)
-        theirs = pick[i].reshape(rows_shape)
-        if own is None:
-            own = torch.zeros_like(theirs)
-        own = own.expand(rows_shape) if isinstance(own, torch.Tensor) else torch.full_like(theirs, float(own))
-        value = torch.where(found, theirs, own.to(theirs.dtype))
         like = kw.get(name) if isinstance(kw.get(name), torch.Tensor) else kw[_source(source)]
-        out[name] = value.to(like.dtype) if like.dtype.is_floating_point else value != 0
+        v = value[i].view(rows_shape)
+        out[name] = v.to(like.dtype) if like.dtype.is_floating_point else v != 0
     return out
+
+
+def _own(x, rows_shape, like):
+    """A caller's window-end input as a flat row of ``like``'s dtype (None: 0)."""
+    if x is None:
+        return torch.zeros_like(like[0])
+    if not isinstance(x, torch.Tensor):
+        return torch.full_like(like[0], float(x))
+    return x.expand(rows_shape).reshape(-1).to(like.dtype)
 
 
 def _source(name: str) -> str:

@@ -13,8 +13,9 @@ Argument kinds:
 
 Every algorithm has an argument ``carry``, the scan value beyond the window edge where the scan
 starts (0 when absent). It is the third argument (``CARRY``), so one Triton INIT loads it, except
-in the masked algorithms: their mask comes first (triton 3.6 misreads a mask tensor that follows
-an absent argument in a two-state kernel) and their INIT reads the carry by name. What it stands
+in the masked algorithms, whose INIT reads it by name: there the mask, the bootstrap value and
+then the carry come first (triton 3.6 misreads a tensor argument that follows an absent one in
+those kernels; benchmarks/engine_ptx.py compiles every order in use). What it stands
 for is each algorithm's own (``carry`` of its entry below); a sequence split along time across
 ranks (rl_triton/core/sharded.py) hands it from chunk to chunk. The outputs are ``[R, T]`` float
 tensors.
@@ -162,7 +163,7 @@ RETRACE = Algorithm(
 # advantage; a two-state scan (the next unmasked value, the advantage)
 MASKED_GAE = Algorithm(
     "masked_gae",
-    (*_f2("rewards", "values"), Arg("mask", "u2"), Arg("carry", "f1"), Arg("bootstrap_value", "f1"),
+    (*_f2("rewards", "values"), Arg("mask", "u2"), Arg("bootstrap_value", "f1"), Arg("carry", "f1"),
      *_f2("gamma", "lmbda")),
     ("advantages", "value_targets"), reverse=True, pair=True,
     carry="A[T]; bootstrap_value carries the first state, the value of the next unmasked step",
@@ -171,7 +172,7 @@ MASKED_GAE = Algorithm(
 # GAE with rewards and values read as 0 where the mask is 0 (pad)
 PADDED_GAE = Algorithm(
     "padded_gae",
-    (*_f2("rewards", "values"), Arg("mask", "u2"), Arg("carry", "f1"), Arg("bootstrap_value", "f1"),
+    (*_f2("rewards", "values"), Arg("mask", "u2"), Arg("bootstrap_value", "f1"), Arg("carry", "f1"),
      *_f2("gamma", "lmbda")),
     ("advantages", "value_targets"), reverse=True, carry="A[T]")
 

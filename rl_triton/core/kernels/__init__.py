@@ -32,7 +32,7 @@ try:
     from triton.runtime import driver
 
     from .builders import PARTS
-    from .engine import scan_kernel
+    from .engine import edge_kernel, scan_kernel
 
     try:
         from triton import knobs
@@ -195,14 +195,6 @@ def _arg_template(kind, x, R: int, T: int, acc64: bool, device, pad_r: int, pad_
 _compiled: dict = {}
 
 
-def _step(a, b, y):
-    return torch.where(b == 0, a, a + b * y)
-
-
-def _rows_or_zero(x, like):
-    return torch.zeros_like(like[:, 0]) if x is None else x.to(like.dtype)
-
-
 class Launch:
     """The launch of one algorithm on ``[R, T]`` views of one signature (shapes, strides, dtypes,
     which inputs are present, the numbers), decided once: the plan, the engine's arguments with
@@ -360,43 +352,39 @@ class Launch:
         return lines
 
     def edge_map(self, args, outs, edge: torch.Tensor) -> None:
-        """Write each row's edge map into ``edge`` (``[R, 2]``, or ``[R, 5]`` for a two-state
-        scan; rl_triton/core/spec.py) without writing the outputs: the engine's reduce phase per
-        segment, then the segments' maps folded in scan order."""
+        """Write each row's edge map into ``edge`` (contiguous ``[R, 2]``, or ``[R, 5]`` for a
+        two-state scan; rl_triton/core/spec.py) without writing the outputs: the engine's reduce
+        phase per segment, then ``edge_kernel`` (the segments' maps folded, the carries applied)."""
         values = (*args, *outs)
-        packed = list(self.templates)
-        for slot in self.tensor_slots:
-            t = self.constants.get(slot, values[slot])
-            packed[slot] = (t, 0, 0) if slot in self.constants else (t, *packed[slot])
+        tensors = [self.constants.get(i, values[i]) for i in self.tensor_slots]
         n, config = self.n_args, self.config
         width = edge.shape[1]
         ws = torch.empty(edge.shape[0] * config.n_seg * width, dtype=self.ws_dtype, device=self.device)
+        ptrs = [t.data_ptr() for t in tensors]
+        aligned = tuple(p % 16 == 0 for p in ptrs)
+        key = ("edge map", *self._key(aligned))
+        kernel = _compiled.get(key)
         with self._on_device():
-            _dispatch(config, (tuple(packed[:n]), tuple(packed[n:])), ws, self.runtime, 1, self.idx)
-        maps = ws.view(edge.shape[0], config.n_seg, width)
-        if config.n_seg == 1:
-            edge.copy_(maps[:, 0])
-        else:
-            self._fold_segments(maps, edge)
-        # the map applied to the launch's own carries: the value handed on
-        carry = _rows_or_zero(args.carry, edge)
-        if width == 2:
-            edge[:, 0] = _step(edge[:, 0], edge[:, 1], carry)
-        else:
-            boot = _rows_or_zero(args.bootstrap_value, edge)
-            cross = torch.where(edge[:, 4] == 0, 0.0, edge[:, 4] * boot)
-            edge[:, 0], edge[:, 2] = _step(edge[:, 0], edge[:, 1], boot), _step(edge[:, 2], edge[:, 3], carry) + cross
-
-    @staticmethod
-    def _fold_segments(maps, edge):
-        # the segments' maps in scan order, folded by two affine scans: the value from 0 and the
-        # gain, beta's scan from 1
-        a, b = maps[..., 0].contiguous(), maps[..., 1].contiguous()
-        zeros = torch.zeros_like(a[:, 0])
-        for column, (alpha, carry) in enumerate(((a, zeros), (torch.zeros_like(a), zeros + 1.0))):
-            y = torch.empty_like(a)
-            run(spec.AFFINE_SCAN, spec.AFFINE_SCAN.bind(alpha=alpha, beta=b, carry=carry, reverse=False), [y])
-            edge[:, column] = y[:, -1]
+            if kernel is not None and not _hooks_active():  # the compiled reduce, from data pointers
+                direct = self.templates.copy()
+                for (slot, tail), ptr in zip(self.tails, ptrs):
+                    direct[slot] = (ptr, *tail)
+                kernel.run(config.grid[0], config.grid[1], 1, _stream_getter()(self.device_index), kernel.function,
+                           kernel.packed_metadata, None, None, None, tuple(direct[:n]), tuple(direct[n:]),
+                           ws.data_ptr(), *self.runtime, *config.constexprs[1], self.idx)
+            else:
+                packed = list(self.templates)
+                for slot, t in zip(self.tensor_slots, tensors):
+                    packed[slot] = (t, 0, 0) if slot in self.constants else (t, *packed[slot])
+                kernel = _dispatch(config, (tuple(packed[:n]), tuple(packed[n:])), ws, self.runtime, 1, self.idx)
+                if not INTERPRET and hasattr(kernel, "packed_metadata") and hasattr(kernel, "function"):
+                    _compiled[key] = kernel
+        R = edge.shape[0]
+        carry = None if args.carry is None else args.carry.contiguous()
+        boot = None if width == 2 or args.bootstrap_value is None else args.bootstrap_value.contiguous()
+        with self._on_device():
+            edge_kernel[(_cdiv(R, 32),)](ws, edge, carry, boot, R, config.n_seg, PAIR=width == 5, BLOCK_R=32,
+                                         SEG_BLOCK=_pow2(config.n_seg), num_warps=1)
 
     def _workspace(self, first):
         """The segment scan's workspace; a single pass reads none (the first input stands in)."""

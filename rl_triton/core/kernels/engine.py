@@ -292,3 +292,49 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
         w = (rows.to(tl.int64) * n_seg + seg) * 2
         tl.store(ws + w, ca, mask=rmask)
         tl.store(ws + w + 1, cb, mask=rmask)
+
+
+@triton.jit
+def edge_kernel(ws, edge, carry, bootstrap, R, n_seg, PAIR: tl.constexpr, BLOCK_R: tl.constexpr,
+                SEG_BLOCK: tl.constexpr):
+    """Each row's edge map (rl_triton/core/spec.py) from the maps phase 1 left in ``ws``: the
+    segments' maps folded in scan order, then applied to the launch's own carries (``carry``,
+    and for two-state scans ``bootstrap``, the first state; contiguous ``[R]`` or None for 0).
+    ``edge`` is a contiguous ``[R, 2]`` (two-state: ``[R, 5]``, one segment) float tensor."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < R
+    r64 = rows.to(tl.int64)
+    if carry is None:
+        c_in = tl.zeros((BLOCK_R,), tl.float64)
+    else:
+        c_in = tl.load(carry + r64, mask=rmask, other=0.0).to(tl.float64)
+    if PAIR:
+        if bootstrap is None:
+            x_in = tl.zeros((BLOCK_R,), tl.float64)
+        else:
+            x_in = tl.load(bootstrap + r64, mask=rmask, other=0.0).to(tl.float64)
+        w = r64 * 5
+        a1 = tl.load(ws + w, mask=rmask, other=0.0).to(tl.float64)
+        b1 = tl.load(ws + w + 1, mask=rmask, other=1.0).to(tl.float64)
+        a2 = tl.load(ws + w + 2, mask=rmask, other=0.0).to(tl.float64)
+        b2 = tl.load(ws + w + 3, mask=rmask, other=1.0).to(tl.float64)
+        c1 = tl.load(ws + w + 4, mask=rmask, other=0.0).to(tl.float64)
+        y = _step(a2, b2, c_in) + tl.where(c1 == 0, 0.0, c1 * x_in)
+        out = edge.dtype.element_ty
+        tl.store(edge + w, _step(a1, b1, x_in).to(out), mask=rmask)
+        tl.store(edge + w + 1, b1.to(out), mask=rmask)
+        tl.store(edge + w + 2, y.to(out), mask=rmask)
+        tl.store(edge + w + 3, b2.to(out), mask=rmask)
+        tl.store(edge + w + 4, c1.to(out), mask=rmask)
+    else:
+        j = tl.arange(0, SEG_BLOCK)
+        m = rmask[:, None] & (j[None, :] < n_seg)
+        w = (r64[:, None] * n_seg + j[None, :]) * 2
+        a = tl.load(ws + w, mask=m, other=0.0).to(tl.float64)
+        b = tl.load(ws + w + 1, mask=m, other=1.0).to(tl.float64)
+        A, B = tl.associative_scan((a, b), 1, combine)
+        a_end = _pick(A, j, SEG_BLOCK - 1)
+        b_end = _pick(B, j, SEG_BLOCK - 1)
+        out = edge.dtype.element_ty
+        tl.store(edge + r64 * 2, _step(a_end, b_end, c_in).to(out), mask=rmask)
+        tl.store(edge + r64 * 2 + 1, b_end.to(out), mask=rmask)
