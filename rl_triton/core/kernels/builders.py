@@ -239,13 +239,17 @@ def vtrace_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr)
     # vs[t+1] = (vs - v)[t+1] + v[t+1], or V(s_{t+1}) where done; at the window end y_prev is the
     # carry, (vs - v)[T], and V(s_T) the next value
     last = (t == T - 1)[None, :]
-    inner = load(ins[VTRACE.values], rows, t + 1, mask & ~last & (ndone != 0), ACC)
-    if ins[VTRACE.next_values] is not None and ins[VTRACE.bootstrap_value] is not None:
-        # explicit next values with a bootstrap value: vs[T] = bootstrap_value + carry (spec.py)
-        after = _next_value(None, ins[VTRACE.values], ins[VTRACE.bootstrap_value], rows, t, mask & last, T, ACC)
+    if ins[VTRACE.carry] is None:  # (vs - v)[T] = 0: vs[T] = V(s_T), the next value
+        cut = (ndone == 0) | last
+        vs_next = tl.where(cut, nv, y_prev + load(ins[VTRACE.values], rows, t + 1, mask & ~cut, ACC))
     else:
-        after = nv
-    vs_next = tl.where(ndone == 0, nv, y_prev + tl.where(last, after, inner))
+        inner = load(ins[VTRACE.values], rows, t + 1, mask & ~last & (ndone != 0), ACC)
+        if ins[VTRACE.next_values] is not None and ins[VTRACE.bootstrap_value] is not None:
+            # explicit next values with a bootstrap value: vs[T] = bootstrap_value + carry (spec.py)
+            after = _next_value(None, ins[VTRACE.values], ins[VTRACE.bootstrap_value], rows, t, mask & last, T, ACC)
+        else:
+            after = nv
+        vs_next = tl.where(ndone == 0, nv, y_prev + tl.where(last, after, inner))
     store(outs[VTRACE.pg_advantages], rows, t, mask, _vtrace_pg(r, v, vs_next, nterm, g, rho_pg))
 
 
