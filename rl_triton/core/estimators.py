@@ -34,6 +34,11 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     ``whiten``: True (verl's convention) or a dict of :func:`rl_triton.masked_whiten` keywords
     whitens the advantages over the mask's tokens, in place, after the value targets are formed.
 
+    ``group`` (a ``torch.distributed`` ProcessGroup; every function of the library's estimators
+    and ``affine_scan`` takes it): the window's time axis is split across the group's ranks in
+    rank order, each passing its chunk and getting its steps of the result of the call on the
+    whole window (docs/semantics.md, section 17).
+
     Returns ``(advantages, value_targets = advantages + values)`` (pad: the zeroed values).
     """
     if group is not None:
