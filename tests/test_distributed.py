@@ -1,8 +1,10 @@
 """Sequences split along time across gloo ranks on this machine (``group=``,
 rl_triton/core/sharded.py): every estimator and ``affine_scan`` in both directions, every
-flag form of the catalog, masks of both semantics, on uneven chunks (empty ones included) with
-flags exactly on the chunk boundaries, against the single-process call (float64 to 1e-12) and
-the float64 oracle; and the bytes each rank hands to the collectives, which do not grow with T."""
+flag form of the catalog, masks of both semantics, packed sequences crossing chunks, on uneven
+chunks (fixed ones with empty chunks first, inside and last, and seeded random ones) with flags
+exactly on the chunk boundaries, against the single-process call (float64 to 1e-12) and the
+float64 oracle; group advantages over ranks; and the bytes each rank hands to the collectives,
+which do not grow with T."""
 
 import os
 import socket
@@ -20,8 +22,15 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torc
 
 F32, F64 = torch.float32, torch.float64
 ROWS = 3
-# chunk lengths per world: uneven, with empty chunks first, inside and last
+# chunk lengths per world: uneven, with empty chunks first, inside and last, and drawn at random
 CHUNKS = {2: (5, 8), 3: (0, 6, 7), 4: (4, 0, 9, 0)}
+
+
+def _random_chunks(world, seed):
+    """Random chunk lengths (0 to 9 steps, one chunk at least 3), the same on every rank."""
+    lengths = np.random.default_rng(seed).integers(0, 10, world)
+    lengths[seed % world] = max(3, lengths[seed % world])
+    return [0, *np.cumsum(lengths).tolist()]
 BYTES_PER_ROW = 64
 
 
@@ -83,9 +92,14 @@ def _backends():
 
 
 def _catalog_worker(rank, world, group):
-    bounds = _bounds(world)
+    for bounds, backends in ((_bounds(world), _backends()),
+                             (_random_chunks(world, 100 + world), _backends()[:1])):
+        _catalog_case(rank, world, group, bounds, backends)
+
+
+def _catalog_case(rank, world, group, bounds, backends):
     lo, hi = bounds[rank], bounds[rank + 1]
-    for backend in _backends():
+    for backend in backends:
         for fn, variants in catalog.VARIANTS.items():
             for variant in variants:
                 for dtype, tol in ((F64, 1e-12), (F32, 1e-5)):
@@ -234,7 +248,7 @@ def _validation_worker(rank, world, group):
         rl_triton.gae(r, r, group="world")
     with pytest.raises(ValueError, match="autograd"):
         rl_triton.gae(r.clone().requires_grad_(), r, group=group)
-    with pytest.raises(ValueError, match="cu_seqlens"):
+    with pytest.raises(ValueError, match="cu_seqlens"):  # the offsets must end at every rank's tokens
         rl_triton.gae(r[0], r[0], cu_seqlens=torch.tensor([0, 5]), group=group)
 
 
@@ -283,3 +297,34 @@ def _groups_worker(rank, world, group):
 @pytest.mark.parametrize("world", [2, 3])
 def test_group_advantages_over_ranks_match_the_whole_batch(world):
     _spawn(_groups_worker, world)
+
+
+def _packed_worker(rank, world, group):
+    """Packed sequences (global cu_seqlens) whose token stream is split across ranks, sequences
+    crossing one and several chunk boundaries, empty sequences and an empty chunk: every
+    estimator against the single-process packed call."""
+    from test_token_level import CALLS, EXTRA, _packed_case
+
+    lengths = [5, 0, 1, 9, 3, 0, 14, 2]
+    cuts = {2: [0, 12, 34], 3: [0, 7, 7, 34], 4: [0, 3, 16, 16, 34]}[world]  # token offsets of the chunks
+    lo, hi = cuts[rank], cuts[rank + 1]
+    for backend in _backends():
+        for name, (fn, per_step, per_row) in CALLS.items():
+            cu, x = _packed_case(lengths, seed=world)
+            packed_args, row_args = per_step(x), per_row(x)
+            extra = {**EXTRA.get(name, {}), "backend": backend}
+            whole = _tuple(fn(**packed_args, **row_args, **extra, cu_seqlens=cu))
+            got = _tuple(fn(**{k: v[lo:hi] for k, v in packed_args.items()}, **row_args, **extra, cu_seqlens=cu,
+                            group=group))
+            for g, w in zip(got, whole):
+                _close(g, w[lo:hi], 1e-12, f"packed {name} on {backend}, rank {rank}")
+        cu, x = _packed_case(lengths, seed=5)
+        whole = rl_triton.gae(x["r"], x["v"], mask=x["m"], whiten=True, cu_seqlens=cu, backend=backend)
+        got = rl_triton.gae(x["r"][lo:hi], x["v"][lo:hi], mask=x["m"][lo:hi], whiten=True, cu_seqlens=cu,
+                            backend=backend, group=group)
+        _close(got[0], whole[0][lo:hi], 1e-12, f"packed whitened gae on {backend}, rank {rank}")
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_packed_sequences_across_ranks_match_the_unsharded_call(world):
+    _spawn(_packed_worker, world)

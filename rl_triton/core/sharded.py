@@ -20,7 +20,9 @@ ranks exchange maps, never steps (docs/distributed.md):
 
 Forward scans (eligibility traces, running sums, forward ``affine_scan``) mirror this from the
 window's start and need no boundary inputs. Every collective moves O(rows) numbers, whatever T
-is, and none synchronises with the host.
+is, and none synchronises with the host. Packed sequences (``cu_seqlens``, global offsets)
+exchange one row per rank, the sequence crossing its chunk boundary (:func:`_run_packed`),
+after reading the offsets and every rank's token count on the host.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import NamedTuple
 import torch
 
 from . import launch
+from .packed import PER_SEQUENCE
 from .plans import CHUNK, Chunk
 from .whiten import _check_group_type, gather_ranks, masked_whiten
 
@@ -129,10 +132,9 @@ def run(fn, kw: dict):
     group = kw.pop("group")
     rule = RULES[fn.__name__]
     check_group(group, [x for x in kw.values() if isinstance(x, torch.Tensor)])
-    if kw.get("cu_seqlens") is not None or kw.get("max_seqlen") is not None:
-        raise ValueError("group= does not combine with cu_seqlens: pass the packed chunk as one row with its "
-                         "sequence ends as done flags (docs/distributed.md)")
     whiten = kw.get("whiten", False)
+    if kw.get("cu_seqlens") is not None or kw.get("max_seqlen") is not None:
+        return _run_packed(fn, kw, rule, group)
     if whiten is not False:
         kw["whiten"] = False
     out = kw.pop("out", None)
@@ -215,6 +217,138 @@ def run(fn, kw: dict):
         options = {} if whiten is True else dict(whiten)
         options.setdefault("group", group)
         masked_whiten(result[0], kw["mask"].expand(result[0].shape), out=result[0], **options)
+    return result
+
+
+def _one_call(fn, kw, chunk):
+    token = CHUNK.set(chunk)
+    try:
+        return fn(**kw)
+    finally:
+        CHUNK.reset(token)
+
+
+def _run_packed(fn, kw, rule, group):
+    """Packed sequences split across ranks: rank k holds tokens ``[o_k, o_k + N_k)`` of the
+    stream that the global ``cu_seqlens`` (the same on every rank) cut into sequences. A
+    sequence that crosses from one rank to the next is the only thing the ranks exchange for:
+    each rank hands on the map of its piece at the side where scans end (the first piece, for
+    reverse scans, when its sequence began on an earlier rank), folded as in :func:`run`, and
+    runs its piece at the other side from the carry received. Its sequences' pieces run as one
+    packed call; the two crossing pieces again alone, for their maps and their carried outputs.
+    Reads ``cu_seqlens`` and every rank's token count on the host (one synchronisation on CUDA)."""
+    import torch.distributed as dist
+
+    cu, out = kw.pop("cu_seqlens"), kw.pop("out", None)
+    kw.pop("max_seqlen")  # each call below sizes its own padding
+    whiten = kw.get("whiten", False)
+    if whiten is not False:
+        kw["whiten"] = False
+    ref_name = next(iter(kw))
+    ref = kw[ref_name]
+    if not isinstance(ref, torch.Tensor) or ref.ndim != 1 or kw.get("time_dim", -1) not in (-1, 0):
+        raise ValueError(f"with group= and cu_seqlens, {ref_name} must be a 1-D packed stream of this rank's tokens "
+                         "(time_dim left at -1)")
+    reverse = rule.reverse if rule.reverse is not None else kw.get("reverse", True)
+    device, n_local = ref.device, ref.shape[0]
+    cd = torch.float64 if ref.dtype == torch.float64 else torch.float32
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    sizes = gather_ranks(torch.tensor([n_local], dtype=torch.int64, device=device), group).view(-1).tolist()
+    start, total = sum(sizes[:rank]), sum(sizes)
+    offsets = cu.tolist() if isinstance(cu, torch.Tensor) else list(cu)
+    if not offsets or offsets[0] != 0 or offsets[-1] != total or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise ValueError(f"cu_seqlens must rise from 0 to the tokens of every rank ({total}) without falling")
+    pieces = [(b, max(s, start) - start, min(e, start + n_local) - start)
+              for b, (s, e) in enumerate(zip(offsets, offsets[1:])) if min(e, start + n_local) > max(s, start)]
+    continues_left = bool(pieces) and offsets[pieces[0][0]] < start
+    continues_right = bool(pieces) and offsets[pieces[-1][0] + 1] > start + n_local
+    exit_, entry = (0 if continues_left else None, len(pieces) - 1 if continues_right else None) if reverse else \
+        (len(pieces) - 1 if continues_right else None, 0 if continues_left else None)
+    per_step = {k for k, x in kw.items() if isinstance(x, torch.Tensor) and x.ndim >= 1 and x.shape[0] == n_local
+                and k not in PER_SEQUENCE}
+
+    def piece(i, **inputs):
+        """The arguments of piece i alone, one packed sequence."""
+        b, lo, hi = pieces[i]
+        one = {k: (x[lo:hi] if k in per_step else x[b:b + 1] if k in PER_SEQUENCE and isinstance(x, torch.Tensor)
+                   else x) for k, x in kw.items()}
+        one.update(inputs)
+        return {**one, "cu_seqlens": torch.tensor([0, hi - lo], dtype=torch.int64, device=device),
+                "max_seqlen": hi - lo}
+
+    def first(name):
+        x = kw[name]
+        return x[0] if isinstance(x, torch.Tensor) and n_local else torch.zeros((), dtype=cd, device=device)
+
+    # 1. the entry piece's window-end inputs: the next nonempty rank's first token
+    boundary, kernel_args = {}, {}
+    mine = rule.boundary(kw, first) if rule.boundary is not None and reverse else {}
+    if mine:
+        names = list(mine)
+        local = torch.cat([torch.stack([mine[n].to(cd).reshape(-1) for n in names]).reshape(-1),
+                           torch.full((1,), float(n_local > 0), dtype=cd, device=device)])
+        found = _boundary_for(gather_ranks(local, group), rank, names, (), {**kw, **{n: None for n in names}})
+        boundary = {n: v.reshape(1) for n, v in found.items() if not n.startswith(KERNEL)}
+        kernel_args = {n[len(KERNEL):]: v.reshape(1) for n, v in found.items() if n.startswith(KERNEL)}
+    two_state = fn.__name__ == "gae" and kw.get("mask") is not None and kw.get("mask_mode", "skip") == "skip"
+    width = 5 if two_state else 2
+    # 2. the map this rank hands on: its exit piece's, from carry 0 (a constant where that piece
+    # ends here, at its own window end)
+    edge = torch.zeros(1, width + 2, dtype=torch.float64, device=device)
+    if exit_ is not None:
+        crosses = exit_ == entry
+        inputs = boundary if crosses else {}
+        zero = torch.zeros(1, dtype=cd, device=device)
+        if two_state:
+            inputs = {**inputs, "bootstrap_value": zero}
+        _one_call(fn, piece(exit_, **inputs), Chunk(zero, edge[:, :width + 1], kernel_args if crosses else None))
+        if rule.hands is not None:
+            b, lo, hi = pieces[exit_]
+            edge[:, 0], edge[:, 1] = rule.hands(kw, lambda n: kw[n][lo:lo + 1] if isinstance(kw[n], torch.Tensor)
+                                                else kw[n], lambda n: kw[n][hi - 1:hi], edge[:, 0], edge[:, 1])
+        if two_state:
+            boot = kw.get("bootstrap_value")
+            edge[:, -1] = 0.0 if crosses or boot is None else boot[pieces[exit_][0]].to(edge.dtype)
+        if not crosses:  # its sequence ends here: the value it hands on is fixed
+            own = edge[:, width]
+            if two_state:
+                own_x = edge[:, -1]
+                y = _step(edge[:, 2], edge[:, 3], own) + torch.where(edge[:, 4] == 0, 0.0, edge[:, 4] * own_x)
+                edge[:, 0], edge[:, 2] = _step(edge[:, 0], edge[:, 1], own_x), y
+                edge[:, 1], edge[:, 3], edge[:, 4] = 0.0, 0.0, 0.0
+            else:
+                edge[:, 0], edge[:, 1] = _step(edge[:, 0], edge[:, 1], own), 0.0
+    if not two_state:
+        edge = edge[:, :width + 1]
+    # 3. one all-gather of the maps, folded to the entry piece
+    local = torch.cat([edge.to(cd).reshape(-1), torch.full((1,), float(exit_ is not None), dtype=cd, device=device)])
+    gathered = gather_ranks(local, group)
+    present = gathered[:, -1] != 0
+    carry = _fold(gathered[:, :-1].view(world, 1, edge.shape[1]), present, rank, reverse,
+                  launch.resolve_backend(kw.get("backend"), device))
+    # 4. the pieces' outputs: one packed call, and the entry piece again from its carry
+    if pieces:
+        ids = torch.tensor([p[0] for p in pieces], device=device)
+        result = fn(**{k: (x[ids] if k in PER_SEQUENCE and isinstance(x, torch.Tensor) else x)
+                       for k, x in kw.items()},
+                    cu_seqlens=torch.tensor([0] + [p[2] for p in pieces], dtype=torch.int64, device=device),
+                    max_seqlen=max(p[2] - p[1] for p in pieces), out=out)
+    else:  # no token here: the function's own empty outputs
+        result = fn(**{k: x for k, x in kw.items() if k not in PER_SEQUENCE}, out=out)
+    if entry is not None:
+        b, lo, hi = pieces[entry]
+        inputs = dict(boundary)
+        if two_state:
+            inputs["bootstrap_value"] = carry[0].to(ref.dtype)
+            carry = carry[1]
+        outs = result if isinstance(result, tuple) else (result,)
+        one = _one_call(fn, piece(entry, **inputs), Chunk(carry, None, kernel_args))
+        for o, y in zip(outs, one if isinstance(one, tuple) else (one,)):
+            o[lo:hi] = y
+    if whiten is not False:
+        options = {} if whiten is True else dict(whiten)
+        options.setdefault("group", group)
+        masked_whiten(result[0], kw["mask"], out=result[0], **options)
     return result
 
 
