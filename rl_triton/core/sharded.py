@@ -182,14 +182,9 @@ def run(fn, kw: dict):
     if steps:
         zero = torch.zeros(n_rows, dtype=cd, device=device)
         first_kw = {**local_kw, "bootstrap_value": zero.reshape(rows_shape)} if two_state else local_kw
-        token = CHUNK.set(Chunk(zero, edge, kernel_args))
-        try:
-            result = fn(**first_kw)
-        finally:
-            CHUNK.reset(token)
+        result = _one_call(fn, first_kw, Chunk(zero, edge, kernel_args))
         if rule.hands is not None:
             edge[:, 0], edge[:, 1] = rule.hands(kw, at(0), at(-1), edge[:, 0], edge[:, 1])
-
     if two_state:  # the window end's own first state, the bootstrap value
         boot = kw.get("bootstrap_value")
         edge = torch.cat([edge, torch.zeros_like(edge[:, :1]) if boot is None else
@@ -206,11 +201,8 @@ def run(fn, kw: dict):
         if two_state:
             local_kw["bootstrap_value"] = carry[0].reshape(rows_shape).to(ref.dtype)
             carry = carry[1]
-        token = CHUNK.set(Chunk(carry, None, kernel_args))
-        try:  # into the first pass's outputs (already allocated) unless the caller gave some
-            result = fn(**local_kw, out=result if out is None else out)
-        finally:
-            CHUNK.reset(token)
+        # into the first pass's outputs (already allocated) unless the caller gave some
+        result = _one_call(fn, {**local_kw, "out": result if out is None else out}, Chunk(carry, None, kernel_args))
     else:
         result = fn(**kw, out=out)  # the function's own empty outputs
     if whiten is not False:
@@ -221,6 +213,7 @@ def run(fn, kw: dict):
 
 
 def _one_call(fn, kw, chunk):
+    """``fn(**kw)`` run as the chunk ``chunk`` (plans.Chunk)."""
     token = CHUNK.set(chunk)
     try:
         return fn(**kw)
