@@ -64,16 +64,9 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     nterm, ndone = c.composed_flags()
     nv = c.composed_next_values(values, next_values, bootstrap_value)
     alpha, beta = C.gae(c.f(rewards), v, nv, nterm, ndone, c.f(g), c.f(l))
-    adv = _scan(c, alpha, beta, c.f_row(None), True)
+    adv = scan.call_scan(c, alpha, beta, c.f_row(None), True)
     return c.results([adv, adv + v])
 
-
-def _scan(c, alpha, beta, carry, reverse: bool):
-    """The composed path's scan from ``carry`` (the chunk's, in a sharded call), reporting the
-    edge map where the chunk asks for one."""
-    y = scan.scan(alpha, beta, c.carry(carry), reverse, c.backend)
-    c.edge_map(y, beta, reverse)
-    return y
 
 
 def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, gamma, lmbda, backend, out,
@@ -121,7 +114,7 @@ def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l
         ones = torch.ones_like(v)
         alpha, beta = C.gae(torch.where(m, r, 0.0), v, torch.cat([v[:, 1:], boot[:, None]], 1), ones, ones,
                             c.f(g), c.f(l))
-        adv = _scan(c, alpha, beta, c.f_row(None), True)
+        adv = scan.call_scan(c, alpha, beta, c.f_row(None), True)
         return c.results([adv, adv + v])
     skip = (~m).to(c.cd)
     carried = scan.scan(torch.where(m, v, 0.0), skip, boot, True, c.backend)
@@ -166,7 +159,7 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     nv = c.f(next_values)
     nterm, ndone = c.composed_flags()
     alpha, beta = C.td_lambda_return(c.f(rewards), nv, nterm, ndone, c.f(g), c.f(l))
-    return c.results([_scan(c, alpha, beta, nv[:, -1], True)])
+    return c.results([scan.call_scan(c, alpha, beta, nv[:, -1], True)])
 
 
 @plans.cached
@@ -204,7 +197,7 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     carry = c.f_row(bootstrap_value) if next_values is None else nv[:, -1]
     nterm, ndone = c.composed_flags()
     alpha, beta = C.discounted_return(r, nv, nterm, ndone, c.f(g))
-    return c.results([_scan(c, alpha, beta, carry, True)])
+    return c.results([scan.call_scan(c, alpha, beta, carry, True)])
 
 
 @plans.cached
@@ -247,9 +240,10 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     gf = c.f(g)
     ratio = torch.exp(c.f(log_pi) - c.f(log_mu))
     alpha, beta = C.vtrace(r, v, nv, nterm, ndone, gf, ratio.clamp(max=rho_bar), c.f(l) * ratio.clamp(max=c_bar))
+    vs = scan.call_scan(c, alpha, beta, c.f_row(None), True) + v
+    # vs[T] = V(s_T) + the carry the scan ran from, (vs - v)[T]; V(s_T) the chunk's bootstrap
+    # value where it sets one
     carry = c.carry(c.f_row(None))
-    vs = _scan(c, alpha, beta, carry, True) + v
-    # vs[T] = V(s_T) + the carry, (vs - v)[T]; V(s_T) the chunk's bootstrap value where it sets one
     after = c.chunk_arg("bootstrap_value")
     after = nv[:, -1] if after is None else after
     vs_next = torch.where(ndone == 0, nv, torch.cat([vs[:, 1:], (after + carry)[:, None]], 1))
@@ -312,7 +306,7 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
     q = c.f(q_values)
     q_next = torch.cat([q[:, 1:], torch.zeros_like(q[:, :1])], 1)
     alpha, beta = C.retrace(c.f(rewards), ev, q_next, nterm, ndone, c.f(g), c_next)
-    return c.results([_scan(c, alpha, beta, c.f_row(None), True)])
+    return c.results([scan.call_scan(c, alpha, beta, c.f_row(None), True)])
 
 
 def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
@@ -330,7 +324,7 @@ def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
     _, ndone = c.composed_flags()
     prev_open = torch.cat([torch.ones_like(ndone[:, :1]), ndone[:, :-1]], 1)
     beta = torch.where(prev_open == 0, 0.0, c.f(decay[0]) * c.f(decay[1]) * prev_open)
-    return c.results([_scan(c, c.f(x), beta, c.f_row(initial), False)])
+    return c.results([scan.call_scan(c, c.f(x), beta, c.f_row(initial), False)])
 
 
 @plans.cached

@@ -208,9 +208,9 @@ def _check_eps(eps) -> float:
 
 
 def _check_distributed(ids, num_groups, group, scores):
-    from .whiten import _check_group
+    from .whiten import check_group
 
-    _check_group(group, scores)
+    check_group(group, scores, name="scores")
     if not isinstance(ids, torch.Tensor):
         raise TypeError("with group=, group_ids must be an integer tensor of global ids in [0, num_groups), "
                         f"got {type(ids).__name__}")

@@ -53,6 +53,14 @@ def scan(alpha, beta, carry, reverse: bool, backend: str):
     return launch.scan_rows(alpha, beta, carry, reverse, backend)
 
 
+def call_scan(c: Call, alpha, beta, carry, reverse: bool):
+    """A call's composed-path scan from ``carry`` (the chunk's, in a sharded call), reporting
+    the edge map where the chunk asks for one."""
+    y = scan(alpha, beta, c.carry(carry), reverse, c.backend)
+    c.edge_map(y, beta, reverse)
+    return y
+
+
 @plans.cached
 def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend=None, out=None, cu_seqlens=None,
                 max_seqlen=None, group=None):
@@ -94,7 +102,4 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
     if fused:  # the kernels read alpha and beta in any float dtype; a number beta is a constant
         return c.run_fused(spec.AFFINE_SCAN, alpha=c.r(alpha), beta=beta if number else c.r(beta),
                            carry=c.r_row(initial), reverse=reverse)
-    alpha_f, beta_f = c.f(alpha), c.f(beta_t)
-    y = scan(alpha_f, beta_f, c.carry(c.f_row(initial)), reverse, c.backend)
-    c.edge_map(y, beta_f, reverse)
-    return c.results([y])
+    return c.results([call_scan(c, c.f(alpha), c.f(beta_t), c.f_row(initial), reverse)])

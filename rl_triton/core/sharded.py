@@ -34,7 +34,7 @@ import torch
 from . import launch
 from .packed import PER_SEQUENCE
 from .plans import CHUNK, Chunk
-from .whiten import _check_group_type, gather_ranks, masked_whiten
+from .whiten import check_group, gather_ranks, masked_whiten
 
 
 class Rule(NamedTuple):
@@ -113,25 +113,13 @@ RULES = {
 }
 
 
-def check_group(group, tensors) -> None:
-    """Raise for a bad ``group`` or for inputs it cannot serve, before any collective."""
-    import torch.distributed as dist
-
-    _check_group_type(group)
-    if dist.get_rank(group) < 0:
-        raise ValueError("group: this process is not a member of the process group")
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
-        raise ValueError("group= does not support autograd (the carries of other ranks carry no gradient); "
-                         "call under torch.no_grad() or detach the inputs")
-
-
 def run(fn, kw: dict):
     """``fn`` (a public function, ``fn.__name__`` in RULES) on this rank's chunk: ``kw`` its
     arguments by name, with ``group``."""
     kw = dict(kw)
     group = kw.pop("group")
     rule = RULES[fn.__name__]
-    check_group(group, [x for x in kw.values() if isinstance(x, torch.Tensor)])
+    check_group(group, *kw.values(), what="the carries of other ranks", name="the inputs")
     whiten = kw.get("whiten", False)
     if kw.get("cu_seqlens") is not None or kw.get("max_seqlen") is not None:
         return _run_packed(fn, kw, rule, group)
@@ -169,33 +157,32 @@ def run(fn, kw: dict):
     mine = rule.boundary(kw, at(0)) if rule.boundary is not None and reverse else {}
     if mine:
         names = list(mine)
-        local = torch.cat([torch.stack([mine[n].to(cd).reshape(-1) for n in names]).reshape(-1),
-                           torch.full((1,), float(steps > 0), dtype=cd, device=device)])
+        local = _flagged(torch.stack([mine[n].to(cd).reshape(-1) for n in names]), cd, steps > 0)
         own = {**kw, **(rule.own(kw, at(-1)) if rule.own is not None else {})}
         local_kw.update(_boundary_for(gather_ranks(local, group), rank, names, rows_shape, own))
     kernel_args = {name[len(KERNEL):]: local_kw.pop(name).reshape(-1) for name in list(local_kw)
                    if name.startswith(KERNEL)}
-    # 2. the chunk's map from carry 0, and the carry of the window's own end (the last column)
+    # 2. the chunk's map from carry 0, and the carry of the window's own end (the map's columns,
+    # then that carry; two-state: then the window end's own first state, the bootstrap value)
     width = 5 if two_state else 2
-    edge = torch.zeros(n_rows, width + 1, dtype=torch.float64, device=device)
+    edge = torch.zeros(n_rows, width + 1 + two_state, dtype=torch.float64, device=device)
     result = None
     if steps:
         zero = torch.zeros(n_rows, dtype=cd, device=device)
         first_kw = {**local_kw, "bootstrap_value": zero.reshape(rows_shape)} if two_state else local_kw
-        result = _one_call(fn, first_kw, Chunk(zero, edge, kernel_args))
+        result = _one_call(fn, first_kw, Chunk(zero, edge[:, :width + 1], kernel_args))
         if rule.hands is not None:
             edge[:, 0], edge[:, 1] = rule.hands(kw, at(0), at(-1), edge[:, 0], edge[:, 1])
-    if two_state:  # the window end's own first state, the bootstrap value
-        boot = kw.get("bootstrap_value")
-        edge = torch.cat([edge, torch.zeros_like(edge[:, :1]) if boot is None else
-                          boot.expand(rows_shape).reshape(-1, 1).to(edge.dtype)], 1)
-    # 3. one all-gather of the maps (with whether each chunk has steps), folded to this chunk
-    local = torch.cat([edge.to(cd).reshape(-1), torch.full((1,), float(steps > 0), dtype=cd, device=device)])
-    gathered = gather_ranks(local, group)
+    if two_state and kw.get("bootstrap_value") is not None:
+        edge[:, -1] = kw["bootstrap_value"].expand(rows_shape).reshape(-1)
+    # 3. one all-gather of the maps (with whether each chunk has steps), folded to this chunk;
+    # the last nonempty chunk in scan order starts from the window's own carry
+    gathered = gather_ranks(_flagged(edge, cd, steps > 0), group)
     present = gathered[:, -1] != 0
     maps = gathered[:, :-1].view(world, n_rows, edge.shape[1])
-    backend = launch.resolve_backend(kw.get("backend"), device)
-    carry = _fold(maps, present, rank, reverse, backend)
+    count = present.long()
+    later = (count.flip(0).cumsum(0).flip(0) if reverse else count.cumsum(0)) - count > 0
+    carry = _fold(maps, present, present & ~later, rank, reverse, launch.resolve_backend(kw.get("backend"), device))
     # 4. this rank's outputs from its carry
     if steps:
         if two_state:
@@ -205,6 +192,17 @@ def run(fn, kw: dict):
         result = _one_call(fn, {**local_kw, "out": result if out is None else out}, Chunk(carry, None, kernel_args))
     else:
         result = fn(**kw, out=out)  # the function's own empty outputs
+    return _whitened(result, kw, whiten, group)
+
+
+def _flagged(x, cd, *flags):
+    """One rank's part of an all-gather: ``x`` flattened, then each flag as 0 or 1."""
+    return torch.cat([x.to(cd).reshape(-1), *(torch.full((1,), float(f), dtype=cd, device=x.device) for f in flags)])
+
+
+def _whitened(result, kw, whiten, group):
+    """``result`` with its advantages whitened over the mask's tokens of every rank, where the
+    call asks for ``whiten`` (whose statistics span ``group`` unless it names another)."""
     if whiten is not False:
         options = {} if whiten is True else dict(whiten)
         options.setdefault("group", group)
@@ -278,18 +276,17 @@ def _run_packed(fn, kw, rule, group):
     mine = rule.boundary(kw, first) if rule.boundary is not None and reverse else {}
     if mine:
         names = list(mine)
-        local = torch.cat([torch.stack([mine[n].to(cd).reshape(-1) for n in names]).reshape(-1),
-                           torch.full((1,), float(n_local > 0), dtype=cd, device=device)])
+        local = _flagged(torch.stack([mine[n].to(cd).reshape(-1) for n in names]), cd, n_local > 0)
         found = _boundary_for(gather_ranks(local, group), rank, names, (), {**kw, **{n: None for n in names}})
         boundary = {n: v.reshape(1) for n, v in found.items() if not n.startswith(KERNEL)}
         kernel_args = {n[len(KERNEL):]: v.reshape(1) for n, v in found.items() if n.startswith(KERNEL)}
     two_state = fn.__name__ == "gae" and kw.get("mask") is not None and kw.get("mask_mode", "skip") == "skip"
     width = 5 if two_state else 2
-    # 2. the map this rank hands on: its exit piece's, from carry 0 (a constant where that piece
-    # ends here, at its own window end)
-    edge = torch.zeros(1, width + 2, dtype=torch.float64, device=device)
+    # 2. the map this rank hands on: its exit piece's, from carry 0, laid out as in run(); where
+    # that piece's sequence ends here, the fold applies it to its own window end's carries
+    edge = torch.zeros(1, width + 1 + two_state, dtype=torch.float64, device=device)
+    crosses = exit_ is not None and exit_ == entry
     if exit_ is not None:
-        crosses = exit_ == entry
         inputs = boundary if crosses else {}
         zero = torch.zeros(1, dtype=cd, device=device)
         if two_state:
@@ -299,25 +296,14 @@ def _run_packed(fn, kw, rule, group):
             b, lo, hi = pieces[exit_]
             edge[:, 0], edge[:, 1] = rule.hands(kw, lambda n: kw[n][lo:lo + 1] if isinstance(kw[n], torch.Tensor)
                                                 else kw[n], lambda n: kw[n][hi - 1:hi], edge[:, 0], edge[:, 1])
-        if two_state:
-            boot = kw.get("bootstrap_value")
-            edge[:, -1] = 0.0 if crosses or boot is None else boot[pieces[exit_][0]].to(edge.dtype)
-        if not crosses:  # its sequence ends here: the value it hands on is fixed
-            own = edge[:, width]
-            if two_state:
-                own_x = edge[:, -1]
-                y = _step(edge[:, 2], edge[:, 3], own) + torch.where(edge[:, 4] == 0, 0.0, edge[:, 4] * own_x)
-                edge[:, 0], edge[:, 2] = _step(edge[:, 0], edge[:, 1], own_x), y
-                edge[:, 1], edge[:, 3], edge[:, 4] = 0.0, 0.0, 0.0
-            else:
-                edge[:, 0], edge[:, 1] = _step(edge[:, 0], edge[:, 1], own), 0.0
-    if not two_state:
-        edge = edge[:, :width + 1]
-    # 3. one all-gather of the maps, folded to the entry piece
-    local = torch.cat([edge.to(cd).reshape(-1), torch.full((1,), float(exit_ is not None), dtype=cd, device=device)])
-    gathered = gather_ranks(local, group)
-    present = gathered[:, -1] != 0
-    carry = _fold(gathered[:, :-1].view(world, 1, edge.shape[1]), present, rank, reverse,
+        boot = kw.get("bootstrap_value")
+        if two_state and not crosses and boot is not None:
+            edge[:, -1] = boot[pieces[exit_][0]].to(edge.dtype)
+    # 3. one all-gather of the maps (with whether a rank hands one on, and whether its sequence
+    # ends there), folded to the entry piece
+    gathered = gather_ranks(_flagged(edge, cd, exit_ is not None, exit_ is not None and not crosses), group)
+    present, ends = gathered[:, -2] != 0, gathered[:, -1] != 0
+    carry = _fold(gathered[:, :-2].view(world, 1, edge.shape[1]), present, ends, rank, reverse,
                   launch.resolve_backend(kw.get("backend"), device))
     # 4. the pieces' outputs: one packed call, and the entry piece again from its carry
     if pieces:
@@ -338,37 +324,30 @@ def _run_packed(fn, kw, rule, group):
         one = _one_call(fn, piece(entry, **inputs), Chunk(carry, None, kernel_args))
         for o, y in zip(outs, one if isinstance(one, tuple) else (one,)):
             o[lo:hi] = y
-    if whiten is not False:
-        options = {} if whiten is True else dict(whiten)
-        options.setdefault("group", group)
-        masked_whiten(result[0], kw["mask"], out=result[0], **options)
-    return result
+    return _whitened(result, kw, whiten, group)
 
 
 def _step(a, b, c):
     return torch.where(b == 0, a, a + b * c)
 
 
-def _fold(maps, present, rank: int, reverse: bool, backend: str):
+def _fold(maps, present, ends, rank: int, reverse: bool, backend: str):
     """This chunk's carry from every chunk's map (``[world, R, k + 1]``: the map, then the carry
     of the window's own end; two-state maps then the window end's own first state): the maps of
-    the chunks between this one and the window's end applied to the carry of the last nonempty
-    chunk in scan order, which starts from the window's own carry; that carry itself where this
-    chunk is the last nonempty one. Empty chunks pass the carry on. Two-state maps give
-    (bootstrap, carry)."""
+    the chunks beyond this one in scan order, folded from 0. A chunk where ``ends`` starts from
+    its own window end's carry (its map becomes a constant); one not ``present`` passes the carry
+    on. Where no present chunk lies beyond, this chunk's own window end's carry. Two-state maps
+    give (bootstrap, carry)."""
     world = maps.shape[0]
     order = torch.arange(world, device=maps.device)
     beyond = (order > rank) if reverse else (order < rank)
-    count = present.long()
-    later = (count.flip(0).cumsum(0).flip(0) if reverse else count.cumsum(0)) - count > 0
-    ends = (present & ~later)[:, None]
-    fed = (present & beyond).any()  # some nonempty chunk lies between this one and the window's end
-    keep = present[:, None]
+    fed = (present & beyond).any()
+    ends, keep = ends[:, None], present[:, None]
     if maps.shape[-1] == 3:
         a, b, own = maps.unbind(-1)
         a = torch.where(keep, torch.where(ends, _step(a, b, own), a), 0.0)
         b = torch.where(keep, torch.where(ends, 0.0, b), 1.0)
-        return torch.where(fed, _chain(a, b, rank, reverse, backend), own[rank])
+        return torch.where(fed, _received(a, b, reverse, backend)[rank], own[rank])
     a1, b1, a2, b2, c, own_y, own_x = maps.unbind(-1)
     cross = torch.where(c == 0, 0.0, c * own_x)
     a1 = torch.where(keep, torch.where(ends, _step(a1, b1, own_x), a1), 0.0)
@@ -377,7 +356,7 @@ def _fold(maps, present, rank: int, reverse: bool, backend: str):
     b2 = torch.where(keep, torch.where(ends, 0.0, b2), 1.0)
     c = torch.where(keep & ~ends, c, 0.0)
     x = _received(a1, b1, reverse, backend)  # the first state each chunk receives
-    y = _chain(a2 + torch.where(c == 0, 0.0, c * x), b2, rank, reverse, backend)
+    y = _received(a2 + torch.where(c == 0, 0.0, c * x), b2, reverse, backend)[rank]
     return torch.where(fed, x[rank], own_x[rank]), torch.where(fed, y, own_y[rank])
 
 
@@ -386,17 +365,6 @@ def _received(a, b, reverse: bool, backend: str):
     zero = torch.zeros(a.shape[1], dtype=a.dtype, device=a.device)
     y = launch.scan_rows(a.t(), b.t(), zero, reverse, backend)
     return (torch.cat([y[:, 1:], zero[:, None]], 1) if reverse else torch.cat([zero[:, None], y[:, :-1]], 1)).t()
-
-
-def _chain(a, b, rank: int, reverse: bool, backend: str):
-    """``[R]``: the maps (``[world, R]``) of the chunks beyond this one in scan order, folded from
-    0: the carry this chunk receives."""
-    a, b = (a[rank + 1:], b[rank + 1:]) if reverse else (a[:rank], b[:rank])
-    zero = torch.zeros(a.shape[1], dtype=a.dtype, device=a.device)
-    if a.shape[0] == 0:
-        return zero
-    y = launch.scan_rows(a.t(), b.t(), zero, reverse, backend)
-    return y[:, 0 if reverse else -1]
 
 
 def _boundary_for(gathered, rank, names, rows_shape, kw):

@@ -224,7 +224,7 @@ def _check_x_mask_group(x, mask, group):
         if mask.shape != x.shape:
             raise ValueError(f"mask must have x's shape {tuple(x.shape)}, got {tuple(mask.shape)}")
     if group is not None:
-        _check_group(group, x)
+        check_group(group, x)
     return x, mask, group
 
 
@@ -236,15 +236,17 @@ def _check_group_type(group):
                         f"got {type(group).__name__}")
 
 
-def _check_group(group, x: torch.Tensor):
+def check_group(group, *tensors, what="the statistics of other ranks", name="x"):
+    """Raise for a bad ``group``, one this process is not in, or ``tensors`` that need gradients
+    (``what`` of other ranks carry none; ``name`` says what to detach)."""
     import torch.distributed as dist
 
     _check_group_type(group)
     if dist.get_rank(group) < 0:
         raise ValueError("group: this process is not a member of the process group")
-    if torch.is_grad_enabled() and x.requires_grad:
-        raise ValueError("group= does not support autograd (the statistics of other ranks carry no gradient); "
-                         "call under torch.no_grad() or detach x")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        raise ValueError(f"group= does not support autograd ({what} carry no gradient); "
+                         f"call under torch.no_grad() or detach {name}")
 
 
 def _check_out(out, x: torch.Tensor):

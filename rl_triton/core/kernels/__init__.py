@@ -252,22 +252,15 @@ class Launch:
     def launch(self, args, outs) -> None:
         """Launch on views of this signature (``args``: the algorithm's arguments, ``outs``:
         output views); the tensors are handed to Triton's dispatch where no kernel is compiled."""
-        values = (*args, *outs)
-        tensors = [self.constants.get(i, values[i]) for i in self.tensor_slots]
+        tensors = self._tensors(args, outs)
         ptrs = [t.data_ptr() for t in tensors]
         if self.launch_direct(ptrs):
             return
-        packed = list(self.templates)
-        for slot, t in zip(self.tensor_slots, tensors):
-            packed[slot] = (t, 0, 0) if slot in self.constants else (t, *packed[slot])
-        n = self.n_args
+        engine_args = self._with_tensors(tensors)
         ws = self._workspace(tensors[0])
-        compiled = []
         with self._on_device():
-            for phase in self.phases:
-                compiled.append(_dispatch(self.config, (tuple(packed[:n]), tuple(packed[n:])), ws, self.runtime,
-                                          phase, self.idx))
-        if not INTERPRET and all(hasattr(k, "packed_metadata") and hasattr(k, "function") for k in compiled):
+            compiled = [_dispatch(self.config, engine_args, ws, self.runtime, phase, self.idx) for phase in self.phases]
+        if all(_launchable(k) for k in compiled):
             aligned = tuple(p % 16 == 0 for p in ptrs)
             _compiled[self._key(aligned)] = self.kernels[aligned] = compiled
 
@@ -287,19 +280,34 @@ class Launch:
             self.kernels[aligned] = kernels
         if _hooks_active():
             return False
+        with self._on_device():
+            ws_ptr = ptrs[0] if not self.ws_size else self._workspace(None).data_ptr()
+            self._run_compiled(ptrs, zip(self.phases, kernels), ws_ptr)
+        return True
+
+    def _tensors(self, args, outs) -> list:
+        """The tensors of ``tensor_slots`` among the arguments and outputs (constants' included)."""
+        values = (*args, *outs)
+        return [self.constants.get(i, values[i]) for i in self.tensor_slots]
+
+    def _with_tensors(self, tensors) -> tuple:
+        """The engine's ``(ins, outs)`` with these tensors in their slots (Triton's dispatch)."""
+        packed = list(self.templates)
+        for slot, t in zip(self.tensor_slots, tensors):
+            packed[slot] = (t, 0, 0) if slot in self.constants else (t, *packed[slot])
+        return tuple(packed[:self.n_args]), tuple(packed[self.n_args:])
+
+    def _run_compiled(self, ptrs, phased_kernels, ws_ptr) -> None:
+        """Compiled kernels ``(phase, kernel)`` launched on the data pointers of ``tensor_slots``."""
         direct = self.templates.copy()
         for (slot, tail), ptr in zip(self.tails, ptrs):
             direct[slot] = (ptr, *tail)
-        n = self.n_args
-        ins, outs = tuple(direct[:n]), tuple(direct[n:])
+        ins, outs = tuple(direct[:self.n_args]), tuple(direct[self.n_args:])
         grid, constexprs = self.config.grid, self.config.constexprs
-        with self._on_device():
-            stream = _stream_getter()(self.device_index)
-            ws_ptr = ptrs[0] if not self.ws_size else self._workspace(None).data_ptr()
-            for phase, kernel in zip(self.phases, kernels):
-                kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                           ins, outs, ws_ptr, *self.runtime, *constexprs[phase], self.idx)
-        return True
+        stream = _stream_getter()(self.device_index)
+        for phase, kernel in phased_kernels:
+            kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                       ins, outs, ws_ptr, *self.runtime, *constexprs[phase], self.idx)
 
     def direct_source(self, pointers, namespace: dict, aligned):
         """Python source lines launching the kernel compiled for the alignment ``aligned`` (which
@@ -355,29 +363,19 @@ class Launch:
         """Write each row's edge map into ``edge`` (contiguous ``[R, 2]``, or ``[R, 5]`` for a
         two-state scan; rl_triton/core/spec.py) without writing the outputs: the engine's reduce
         phase per segment, then ``edge_kernel`` (the segments' maps folded, the carries applied)."""
-        values = (*args, *outs)
-        tensors = [self.constants.get(i, values[i]) for i in self.tensor_slots]
-        n, config = self.n_args, self.config
+        tensors = self._tensors(args, outs)
+        config = self.config
         width = edge.shape[1]
         ws = torch.empty(edge.shape[0] * config.n_seg * width, dtype=self.ws_dtype, device=self.device)
         ptrs = [t.data_ptr() for t in tensors]
-        aligned = tuple(p % 16 == 0 for p in ptrs)
-        key = ("edge map", *self._key(aligned))
+        key = ("edge map", *self._key(tuple(p % 16 == 0 for p in ptrs)))
         kernel = _compiled.get(key)
         with self._on_device():
             if kernel is not None and not _hooks_active():  # the compiled reduce, from data pointers
-                direct = self.templates.copy()
-                for (slot, tail), ptr in zip(self.tails, ptrs):
-                    direct[slot] = (ptr, *tail)
-                kernel.run(config.grid[0], config.grid[1], 1, _stream_getter()(self.device_index), kernel.function,
-                           kernel.packed_metadata, None, None, None, tuple(direct[:n]), tuple(direct[n:]),
-                           ws.data_ptr(), *self.runtime, *config.constexprs[1], self.idx)
+                self._run_compiled(ptrs, [(1, kernel)], ws.data_ptr())
             else:
-                packed = list(self.templates)
-                for slot, t in zip(self.tensor_slots, tensors):
-                    packed[slot] = (t, 0, 0) if slot in self.constants else (t, *packed[slot])
-                kernel = _dispatch(config, (tuple(packed[:n]), tuple(packed[n:])), ws, self.runtime, 1, self.idx)
-                if not INTERPRET and hasattr(kernel, "packed_metadata") and hasattr(kernel, "function"):
+                kernel = _dispatch(config, self._with_tensors(tensors), ws, self.runtime, 1, self.idx)
+                if _launchable(kernel):
                     _compiled[key] = kernel
         R = edge.shape[0]
         carry = None if args.carry is None else args.carry.contiguous()
@@ -395,6 +393,12 @@ class Launch:
     def _on_device(self):
         other = self.device_index is not None and self.device_index != torch._C._cuda_getDevice()
         return torch.cuda.device(self.device) if other else contextlib.nullcontext()
+
+
+def _launchable(kernel) -> bool:
+    """Whether Triton's dispatch returned a compiled kernel whose launcher can be called directly
+    (not under the interpreter)."""
+    return not INTERPRET and hasattr(kernel, "packed_metadata") and hasattr(kernel, "function")
 
 
 def _dispatch(config: _Config, args, ws, runtime, phase, idx):

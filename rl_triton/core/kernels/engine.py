@@ -156,6 +156,19 @@ def _mirror(x, VEC: tl.constexpr):
 
 
 @triton.jit
+def _segments(ws, rows, rmask, n_seg, upto, ACC: tl.constexpr, SEG_BLOCK: tl.constexpr):
+    """The maps phase 1 left in ``ws`` for segments ``[0, upto)`` of each row, folded in scan
+    order: ``(A, B)`` per row, in ``ACC``."""
+    j = tl.arange(0, SEG_BLOCK)
+    m = rmask[:, None] & (j[None, :] < upto)
+    w = (rows[:, None].to(tl.int64) * n_seg + j[None, :]) * 2
+    a = tl.load(ws + w, mask=m, other=0.0).to(ACC)
+    b = tl.load(ws + w + 1, mask=m, other=1.0).to(ACC)
+    a, b = tl.associative_scan((a, b), 1, combine)
+    return _pick(a, j, SEG_BLOCK - 1), _pick(b, j, SEG_BLOCK - 1)
+
+
+@triton.jit
 def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
                 BUILD: tl.constexpr, INIT: tl.constexpr, STORE: tl.constexpr,
                 REVERSE: tl.constexpr, NEED_PREV: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
@@ -201,13 +214,8 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
         ca = INIT(ins, rows, rmask, T, ACC)
         cb = tl.zeros((BLOCK_R,), ACC)
         if PHASE == 2:
-            j = tl.arange(0, SEG_BLOCK)
-            m = rmask[:, None] & (j[None, :] < seg)
-            w = (rows[:, None].to(tl.int64) * n_seg + j[None, :]) * 2
-            seg_a = tl.load(ws + w, mask=m, other=0.0)
-            seg_b = tl.load(ws + w + 1, mask=m, other=1.0)
-            seg_a, seg_b = tl.associative_scan((seg_a, seg_b), 1, combine)
-            ca = _step(_pick(seg_a, j, SEG_BLOCK - 1), _pick(seg_b, j, SEG_BLOCK - 1), ca)
+            seg_a, seg_b = _segments(ws, rows, rmask, n_seg, seg, ACC, SEG_BLOCK)
+            ca = _step(seg_a, seg_b, ca)
 
     if ONE_CHUNK:
         n_iter = 1
@@ -327,14 +335,7 @@ def edge_kernel(ws, edge, carry, bootstrap, R, n_seg, PAIR: tl.constexpr, BLOCK_
         tl.store(edge + w + 3, b2.to(out), mask=rmask)
         tl.store(edge + w + 4, c1.to(out), mask=rmask)
     else:
-        j = tl.arange(0, SEG_BLOCK)
-        m = rmask[:, None] & (j[None, :] < n_seg)
-        w = (r64[:, None] * n_seg + j[None, :]) * 2
-        a = tl.load(ws + w, mask=m, other=0.0).to(tl.float64)
-        b = tl.load(ws + w + 1, mask=m, other=1.0).to(tl.float64)
-        A, B = tl.associative_scan((a, b), 1, combine)
-        a_end = _pick(A, j, SEG_BLOCK - 1)
-        b_end = _pick(B, j, SEG_BLOCK - 1)
+        a_end, b_end = _segments(ws, rows, rmask, n_seg, n_seg, tl.float64, SEG_BLOCK)
         out = edge.dtype.element_ty
         tl.store(edge + r64 * 2, _step(a_end, b_end, c_in).to(out), mask=rmask)
         tl.store(edge + r64 * 2 + 1, b_end.to(out), mask=rmask)
