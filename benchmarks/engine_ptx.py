@@ -58,6 +58,9 @@ def _calls(rt, torch, R, T, dtype, g):
         "gae_mask_pad": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", **kw),
         "gae_mask_skip_bootstrap": lambda: rt.gae(r, v, mask=~term, bootstrap_value=boot, gamma=0.9, **kw),
         "gae_mask_pad_bootstrap": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", bootstrap_value=boot, **kw),
+        # the fused whitening: the scan reports its moments, then the fold and the normalisation
+        "gae_mask_skip_whiten": lambda: rt.gae(r, v, mask=~term, whiten=True, **kw),
+        "gae_mask_pad_whiten": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", whiten=dict(unbiased=False), **kw),
         # a chunk of a sequence split across ranks: the edge maps' reduce launches (rl_triton/core/sharded.py)
         "gae_edge_map": _chunk(torch, R, 2, lambda: rt.gae(r, v, bootstrap_value=boot, done=done, **kw)),
         "vtrace_edge_map": _chunk(torch, R, 2, lambda: rt.vtrace(r, v, lp, lm, done=done, **kw)),
@@ -80,8 +83,9 @@ def _chunk(torch, R, width, call):
     return run
 
 
-def collect(root: str | None) -> dict:
-    """{call: [PTX of each launch]} (or an error text) for this checkout or ``root``."""
+def collect(root: str | None, only: str = "") -> dict:
+    """{call: [PTX of each launch]} (or an error text) for this checkout or ``root``; ``only``:
+    the calls whose name contains it."""
     if root:
         sys.path.insert(0, root)
     import torch
@@ -123,6 +127,10 @@ def collect(root: str | None) -> dict:
     for name in ("scan_kernel", "edge_kernel"):  # the edge maps' fold, where the checkout has it
         if hasattr(kernels, name):
             setattr(kernels, name, Compile(getattr(kernels, name)))
+    from rl_triton.core.kernels import moments
+
+    for name in ("fold_kernel", "normalize_kernel", "moments_kernel"):
+        setattr(moments, name, Compile(getattr(moments, name)))
     g = torch.Generator().manual_seed(0)
     out = {}
     for R, T in SHAPES:
@@ -130,6 +138,8 @@ def collect(root: str | None) -> dict:
             torch.float32,)
         for dtype in dtypes:
             for name, call in _calls(rt, torch, R, T, dtype, g).items():
+                if only not in name:
+                    continue
                 captured.clear()
                 try:
                     call()
@@ -178,10 +188,11 @@ def main():
     p.add_argument("--root", help="a checkout whose rl_triton to compile (None: this one)")
     p.add_argument("--json", help="write {call: [PTX]} here")
     p.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two --json files")
+    p.add_argument("--only", default="", help="compile the calls whose name contains this")
     args = p.parse_args()
     if args.compare:
         return compare(*args.compare)
-    out = collect(args.root)
+    out = collect(args.root, args.only)
     errors = sum(isinstance(v, str) for v in out.values())
     print(f"{len(out)} calls compiled, {errors} failed")
     if args.json:

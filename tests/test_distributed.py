@@ -16,6 +16,7 @@ import torch
 import rl_triton
 from rl_triton.core import launch
 from rl_triton.testing import catalog, oracle
+from rl_triton.testing.frameworks import verl_compute_gae_advantage_return
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
@@ -160,6 +161,13 @@ def _mask_worker(rank, world, group):
             whole = rl_triton.gae(r, v, mask=mask, whiten=True, backend=backend)
             got = _chunk_call("gae", (r, v), dict(mask=mask, whiten=True), lo, hi, group, backend=backend)
             _close(got[0], whole[0][:, lo:hi], 1e-10 if dtype == F64 else 1e-4, f"whiten {dtype} on {backend}")
+            # data parallel: each rank whole rows, the whitening's statistics over every rank's tokens
+            # (on numba, the scan's own moments of each row, then one collective)
+            rows = slice(rank * ROWS // world, (rank + 1) * ROWS // world)
+            mine = rl_triton.gae(r[rows], v[rows], mask=mask[rows], whiten=dict(group=group), backend=backend)
+            want = verl_compute_gae_advantage_return(r.double(), v.double(), mask.double(), 0.99, 0.95)
+            _close(mine[0], want[0][rows], 1e-10 if dtype == F64 else 1e-4,
+                   f"data-parallel whiten {dtype} on {backend}")
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

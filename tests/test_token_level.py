@@ -152,6 +152,65 @@ def test_whiten_matches_verls_whole_step(backend, dtype):
     assert got[0] is out[0] and torch.equal(out[0], adv)
 
 
+def _whitened(raw, m, unbiased=True, shift_mean=True, scale=True, eps=1e-8, eps_mode="add"):
+    """The whitening formulas of docs/semantics.md, section 15, two-pass in float64."""
+    valid = m.double()
+    n = valid.sum()
+    mean = (raw * valid).sum() / n
+    m2 = ((raw - mean) ** 2 * valid).sum()
+    var = m2 / (n - 1) if unbiased else m2 / n
+    rstd = 1.0 if not scale else (var + eps).rsqrt() if eps_mode == "add" else var.clamp(min=eps).rsqrt()
+    y = (raw - mean) * rstd
+    return y if shift_mean else y + mean
+
+
+@pytest.mark.parametrize("options", [dict(), dict(unbiased=False, eps_mode="clamp"), dict(shift_mean=False),
+                                     dict(scale=False, unbiased=False)])
+@pytest.mark.parametrize("mode", ["skip", "pad"])
+@pytest.mark.parametrize("shape", [(7, 5000), (8, 4096), (1, 40000)])
+def test_whiten_of_many_rows(cpu_backend, options, mode, shape):
+    """Shapes whose numba kernels are the parallel builds (the scan's, and the whitening
+    statistics' row kernel), in batch-major and time-major memory."""
+    r, v, m = _batch(*shape, torch.float64, seed=shape[0])
+    adv, ret = rt.gae(r, v, mask=m, mask_mode=mode, gamma=0.99, lmbda=0.9, whiten=options or True,
+                      backend=cpu_backend)
+    raw, want_ret = oracle.gae_masked(r.numpy(), v.numpy(), m.numpy(), np.full(shape, 0.99), np.full(shape, 0.9),
+                                      mode)
+    _close(ret, want_ret, torch.float64)
+    _close(adv, _whitened(torch.from_numpy(raw), m, **options), torch.float64)
+    # the same in time-major memory
+    adv_t, _ = rt.gae(r.T.contiguous(), v.T.contiguous(), mask=m.T.contiguous(), mask_mode=mode, gamma=0.99,
+                      lmbda=0.9, whiten=options or True, time_dim=0, backend=cpu_backend)
+    _close(adv_t.T, _whitened(torch.from_numpy(raw), m, **options), torch.float64)
+
+
+def test_whiten_statistics_far_from_zero(cpu_backend):
+    """Advantages around 1e4 with a spread of 1: the statistics keep their precision."""
+    r, v, m = _batch(6, 6000, torch.float64, seed=5)
+    r = r * 1e-3
+    r[:, -1] += 1e4
+    adv, _ = rt.gae(r, v, mask=m, gamma=1.0, lmbda=1.0, whiten=True, backend=cpu_backend)
+    want_adv, _ = verl_compute_gae_advantage_return(r, v, m.double(), 1.0, 1.0)
+    assert (adv - want_adv).abs().max().item() < 1e-8
+
+
+def test_whiten_non_finite(backend):
+    """NaN at an unmasked step reaches every output through the statistics; NaN or inf at a
+    masked step stays out of them (skip: a masked step's reward and value are not read)."""
+    r, v, m = _batch(5, 40, torch.float64, seed=8)
+    clean = rt.gae(r, v, mask=m, whiten=True, backend=backend)[0]
+    masked_step = (~m).nonzero()[0].tolist()
+    r2, v2 = r.clone(), v.clone()
+    r2[masked_step[0], masked_step[1]] = float("nan")
+    v2[masked_step[0], masked_step[1]] = float("inf")
+    got = rt.gae(r2, v2, mask=m, whiten=True, backend=backend)[0]
+    _close(got, clean, torch.float64)
+    valid_step = m.nonzero()[0].tolist()
+    r2 = r.clone()
+    r2[valid_step[0], valid_step[1]] = float("nan")
+    assert torch.isnan(rt.gae(r2, v, mask=m, whiten=True, backend=backend)[0]).all()
+
+
 def test_whiten_with_openrlhfs_convention(backend):
     r, v, m = _batch(4, 21, torch.float64, seed=19)
     adv, _ = rt.gae(r, v, mask=m, mask_mode="pad", whiten=dict(unbiased=False, eps_mode="clamp"), backend=backend)

@@ -90,6 +90,30 @@ if AVAILABLE:
             edge[i, 1] = gain
 
     @_inline
+    def _valid(x, m, shift):
+        """x - shift where the mask m is nonzero, else 0 (x not read: NaN outside the mask stays out)."""
+        return x * 1.0 - shift if m != 0 else 0.0
+
+    @_inline
+    def _lane_sums(x, mask, i, shift):
+        """Row i's (sum of x - shift, sum of its squares) over its valid steps, in eight lanes
+        each; the sum of squares is taken about ``shift``, the sum alone is exact for shift 0."""
+        lanes = np.zeros(8)
+        squares = np.zeros(8)
+        T = x.shape[1]
+        full = T - T % 8
+        for t0 in range(0, full, 8):
+            for q in range(8):
+                d = _valid(x[i, t0 + q], mask[i, t0 + q], shift)
+                lanes[q] += d
+                squares[q] += d * d
+        for t in range(full, T):
+            d = _valid(x[i, t], mask[i, t], shift)
+            lanes[0] += d
+            squares[0] += d * d
+        return lanes.sum(), squares.sum()
+
+    @_inline
     def _next_value(nv, v_next, boot, nv_mode, last):
         if nv_mode != NV_IMPLIED:
             return nv
@@ -238,6 +262,24 @@ def padded_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, adva
             advantages[i, t] = acc
             value_targets[i, t] = acc + v
         _edge(edge, i, acc, gain)
+
+
+def masked_moments(x, mask, moments):
+    """Each row's ``(n, mean, M2)`` of ``x`` at the steps where ``mask`` is nonzero (the row's
+    mean first, then the sum of squared deviations from it; both passes read the row while it is
+    in cache), into ``moments`` (float64 ``[R, 3]``). NaN at a valid step makes its row's mean and
+    M2 NaN; values at other steps are never read into the sums. Eight running sums per pass, over
+    steps t = 8j + q, so that the additions do not wait on each other."""
+    R, T = x.shape
+    for i in prange(R):
+        n = 0
+        for t in range(T):
+            n += mask[i, t] != 0
+        total, _ = _lane_sums(x, mask, i, 0.0)
+        mean = total / n if n > 0 else 0.0
+        moments[i, 0] = n
+        moments[i, 1] = mean
+        moments[i, 2] = _lane_sums(x, mask, i, mean)[1]
 
 
 def td_lambda_return(rewards, next_values, carry, terminated, done, truncated, last_done, gamma, lmbda, done_mode,
@@ -463,6 +505,23 @@ def _flag_bytes(x: torch.Tensor) -> np.ndarray:
     out = np.empty_like(a, dtype=np.uint8)  # same memory order as a
     _nonzero_bytes(a.ravel(order="K"), out.ravel(order="K"))
     return out
+
+
+def row_moments(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """float64 ``[R, 3]``: ``(n, mean, M2)`` of each row of the 2-D float32 or float64 CPU
+    tensor ``x`` over the nonzero elements of ``mask`` (its shape, any dtype; None: every
+    element), by :func:`masked_moments`."""
+    R, T = x.shape
+    parallel = R > 1 and R * T >= PARALLEL_MIN_ELEMENTS
+    kernel = _kernel(masked_moments, ("f2", "u2", "e"), _NUMPY_DTYPES[x.dtype], parallel)
+    flags = _constant(1, np.uint8, (R, T)) if mask is None else _flag_bytes(mask)
+    out = np.empty((R, 3))
+    if parallel:
+        with _PARALLEL:
+            kernel(x.detach().numpy(), flags, out)
+    else:
+        kernel(x.detach().numpy(), flags, out)
+    return torch.from_numpy(out)
 
 
 def all_binary(x: torch.Tensor) -> bool:

@@ -90,7 +90,10 @@ def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, ga
     check_whiten_options(**options)
     fused = c.start(backend, out, 2)
     if c.empty:
-        return c.empty_outputs()
+        outs = c.empty_outputs()
+        if options.get("group") is not None:  # the statistics' collective needs every rank, empty or not
+            masked_whiten(outs[0], mask.expand(outs[0].shape), out=outs[0], **options)
+        return outs
     if whiten is False:
         return _masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l)
     if c.needs_grad:

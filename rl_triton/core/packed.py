@@ -49,11 +49,13 @@ class Sequences:
                 raise ValueError(f"max_seqlen is {max_seqlen} but a sequence has {longest} tokens")
             max_seqlen = longest if max_seqlen is None else max_seqlen
         self.L = int(max_seqlen)
-        seq = torch.repeat_interleave(torch.arange(self.B, device=device), lengths, output_size=n_tokens)
-        col = torch.arange(n_tokens, device=device) - cu[:-1][seq]
+        # token j of sequence b lies at b*L + (j - cu[b]) (+ L - length_b where aligned to the end):
+        # j plus its sequence's offset, one repeat of B offsets and one add over the tokens
+        offset = torch.arange(self.B, device=device) * self.L - cu[:-1]
         if align_end:
-            col += self.L - lengths[seq]
-        self.flat = seq * self.L + col
+            offset += self.L - lengths
+        self.flat = torch.repeat_interleave(offset, lengths, output_size=n_tokens)
+        self.flat += torch.arange(n_tokens, device=device)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, ...]`` -> ``[B, L, ...]``, zeros where no token lies."""

@@ -3,7 +3,8 @@ valid elements of one tensor or of every rank of a ``torch.distributed`` process
 
 Torch ops on any device (two reductions for the statistics, one elementwise pass for the
 output, and with a group one collective in between); on the Triton backend three kernel passes
-(rl_triton/core/kernels/moments.py). No host synchronisation anywhere (no
+(rl_triton/core/kernels/moments.py); on the numba backend the statistics are one kernel
+(rl_triton/core/cpu.py, ``masked_moments``). No host synchronisation anywhere (no
 ``.item()``, no branch on a tensor value), so an empty or one-element selection gives NaN
 instead of an exception. Semantics: docs/semantics.md.
 """
@@ -15,7 +16,7 @@ from numbers import Real
 
 import torch
 
-from . import inputs, launch
+from . import cpu, inputs, launch
 
 EPS_MODES = ("add", "clamp")
 
@@ -97,8 +98,9 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
     (weights are not applied). ``out``: ``x``'s shape, dtype and device; may be ``x`` itself.
     Differentiable without ``out`` and ``group``. ``backend`` as for the estimators: on the Triton
     backend, without a group or gradients, contiguous tensors take three kernel passes (block
-    partials ``(n, mean, M2)``, their fold, the normalisation); elsewhere torch ops (on the CPU
-    numba kernels measured no faster than them).
+    partials ``(n, mean, M2)``, their fold, the normalisation); on the numba backend (CPU, no
+    gradients) the statistics are one kernel (each row's ``(n, mean, M2)`` in float64, folded by
+    Chan et al.'s formula), the normalisation torch ops; elsewhere torch ops.
     """
     x, mask, group = _check_x_mask_group(x, mask, group)
     eps = check_whiten_options(unbiased, shift_mean, scale, eps, eps_mode)
@@ -115,9 +117,19 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
         y = out if out is not None else torch.empty_like(x)
         _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode == "clamp")
         return y
-    n, mean, m2 = _local_moments(x, mask, cd)
+    if backend == "cpu" and not grad:
+        n, mean, m2 = _row_moments(x, mask, cd)
+    else:
+        n, mean, m2 = _local_moments(x, mask, cd)
     if group is not None:
         n, mean, m2 = _combine(n, mean, m2, group)
+    return _normalized(x, n, mean, m2, out, grad, unbiased, shift_mean, scale, eps, eps_mode)
+
+
+def _normalized(x, n, mean, m2, out, grad, unbiased, shift_mean, scale, eps, eps_mode):
+    """``(x - mean) * rstd`` (and ``+ mean`` where not ``shift_mean``) from the statistics, into
+    ``out`` (None: fresh memory; may be ``x``)."""
+    cd = inputs.compute_dtype(x.dtype)
     rstd = None
     if scale:
         var = m2 / (n - 1) if unbiased else m2 / n
@@ -139,6 +151,16 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
 
 
 # -- statistics ------------------------------------------------------------------------------
+def _row_moments(x: torch.Tensor, mask: torch.Tensor | None, cd: torch.dtype):
+    """``_local_moments`` by the numba kernel: each row of ``x`` (all dimensions but the last
+    flattened) reduced to its ``(n, mean, M2)`` in float64, the rows folded by Chan et al.'s
+    formula; in ``cd`` (n int64)."""
+    rows = (x if x.dtype == cd else x.to(cd)).reshape(-1, x.shape[-1] if x.ndim else 1)
+    parts = cpu.row_moments(rows, None if mask is None else mask.reshape(rows.shape))
+    n, mean, m2 = _chan(*parts.unbind(1))
+    return n.to(torch.int64), mean.to(cd), m2.to(cd)
+
+
 def _local_moments(x: torch.Tensor, mask: torch.Tensor | None, cd: torch.dtype):
     """(n int64, mean, m2) of this process's valid elements, in ``cd``; two passes over x."""
     xf = x if x.dtype == cd else x.to(cd)
@@ -206,8 +228,16 @@ def _combine_rows(n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, group):
     xd = torch.float32 if mean.device.type == "mps" else torch.float64
     local = torch.stack((n.to(xd), mean.to(xd), m2.to(xd)))
     n_i, mean_i, m2_i = gather_ranks(local.reshape(-1), group).view(-1, 3, n.numel()).unbind(1)
+    return _chan(n_i, mean_i, m2_i)
+
+
+def _chan(n_i, mean_i, m2_i):
+    """Chan et al.'s parallel formula along dim 0, over the parts with n_i > 0 (an empty part's
+    mean must not enter the sums):
+
+        N = sum n_i,  mean = sum n_i mean_i / N,  M2 = sum (M2_i + n_i (mean_i - mean)**2)."""
     some = n_i > 0
-    zero = torch.zeros((), dtype=xd, device=local.device)
+    zero = torch.zeros((), dtype=n_i.dtype, device=n_i.device)
     total = n_i.sum(0)
     mean = torch.where(some, n_i * mean_i, zero).sum(0) / total
     m2 = torch.where(some, m2_i + n_i * (mean_i - mean).square(), zero).sum(0)
