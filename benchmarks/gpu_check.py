@@ -219,6 +219,15 @@ def check_token_level(device):
         whitened = rt.masked_whiten(adv, m.to(device))
         want = frameworks.verl_masked_whiten(adv.double().cpu(), m.double())
         worst = max(worst, rel_err(whitened.double().cpu().numpy(), want.numpy()))
+    # the fused whitening (the scan's moments) against verl's GAE step, in float64 on the device
+    for (R, T) in [(37, 1000), (1024, 8192)]:
+        g = torch.Generator().manual_seed(R + T)
+        r, v = torch.randn(R, T, generator=g).to(device), torch.randn(R, T, generator=g).to(device)
+        m = (torch.rand(R, T, generator=g) < 0.9).to(device)
+        want = frameworks.verl_compute_gae_advantage_return(r.double(), v.double(), m.double(), 0.99, 0.95)
+        for dtype in (torch.float32, torch.float64):
+            got = rt.gae(r.to(dtype), v.to(dtype), mask=m, gamma=0.99, lmbda=0.95, whiten=True)
+            worst = max(worst, *(rel_err(x.double().cpu().numpy(), w.cpu().numpy()) for x, w in zip(got, want)))
     lengths = [0, 1, 700, 3, 4097, 0, 64]
     cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32, device=device)
     n = int(cu[-1])
@@ -233,6 +242,53 @@ def check_token_level(device):
                                                       for k, x in kwargs.items()})
                 worst = max(worst, *(rel_err(a[lo:hi].double().cpu().numpy(), b.double().cpu().numpy())
                                      for a, b in zip(got, alone)))
+    return worst
+
+
+def _group_oracle(s, g, mode):
+    """float64 GRPO / RLOO advantages from the formulas (numpy; g: group numbers); a group of one
+    keeps its score (GRPO: over the float32 1 + eps)."""
+    _, code, count = np.unique(g, return_inverse=True, return_counts=True)
+    n = count[code]
+    dev = s - (np.bincount(code, s) / count)[code]
+    if mode == "rloo":
+        return np.where(n > 1, dev * n / np.maximum(n - 1, 1), s)
+    std = np.sqrt(np.bincount(code, dev * dev)[code] / np.maximum(n - 1, 1))
+    return np.where(n > 1, dev / (std + 1e-6), s / float(np.float32(1) + np.float32(1e-6)))
+
+
+def check_group_advantages(device, quick):
+    """group_advantages (grpo, rloo; float32 scores, int64 ids on the device, groups of 8 to 16 in
+    shuffled order) against a float64 oracle: the all-pairs kernel (B = 8192; twice, bitwise
+    equal) and the sort path (B above PAIRS_MAX_B), and on CUDA a CUDA graph of the kernel's call
+    replayed on new scores."""
+    import rl_triton as rt
+    from rl_triton.core import groups
+
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for B in (300 if quick else 8192, groups.PAIRS_MAX_B + 1):
+        sizes = rng.integers(8, 17, B // 8 + 1)
+        sizes = sizes[:np.searchsorted(np.cumsum(sizes), B) + 1]
+        sizes[-1] -= sizes.sum() - B  # the last group cut to fit
+        g = rng.permutation(np.repeat(np.arange(sizes.size), sizes))
+        ids = torch.tensor(rng.choice(2**40, sizes.size, replace=False)[g], device=device)
+        s = torch.randn(B, device=device)
+        for mode in ("grpo", "rloo"):
+            got = rt.group_advantages(s, ids, mode=mode, backend="triton")
+            again = rt.group_advantages(s, ids, mode=mode, backend="triton")
+            if B <= groups.PAIRS_MAX_B and not torch.equal(got, again):  # the kernel adds in a fixed order
+                return float("inf")
+            worst = max(worst, rel_err(got.double().cpu().numpy(), _group_oracle(s.double().cpu().numpy(), g, mode)))
+        if device.type == "cuda" and B <= groups.PAIRS_MAX_B:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static = rt.group_advantages(s, ids, backend="triton")
+            s.copy_(torch.randn(B, device=device))
+            graph.replay()
+            torch.cuda.synchronize()
+            want = _group_oracle(s.double().cpu().numpy(), g, "grpo")
+            worst = max(worst, rel_err(static.double().cpu().numpy(), want))
     return worst
 
 
@@ -313,6 +369,10 @@ def main():
     print(f"{'ok  ' if tokens <= 1e-5 else 'FAIL'} token level (masked GAE skip/pad, masked_whiten, packed "
           f"sequences): rel err {tokens:.1e}")
     failures += tokens > 1e-5
+    grouped = check_group_advantages(device, args.quick)
+    print(f"{'ok  ' if grouped <= 1e-5 else 'FAIL'} group advantages (grpo, rloo: the all-pairs kernel, the sort "
+          f"path, a CUDA graph): rel err {grouped:.1e}")
+    failures += grouped > 1e-5
     if device.type == "cuda" and not args.quick and not args.no_int64:
         wide = check_int64(device)
         if wide is None:

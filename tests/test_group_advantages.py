@@ -278,7 +278,7 @@ def run_case(c):
     scores = make_scores(B, c["kind"], dtype, rng)
     mask = make_mask(B, c["L"], rng) if c["masked"] else None
     before = scores.clone()
-    got = group_advantages(scores, ids, mode=c["mode"], mask=mask)
+    got = group_advantages(scores, ids, mode=c["mode"], mask=mask, backend=c.get("backend"))
     assert torch.equal(scores, before), "scores were modified"
     assert got.dtype == dtype and got.shape == ((B,) if mask is None else tuple(mask.shape))
     ref = verl_reference(scores.clone(), ids, c["mode"], mask)
@@ -555,6 +555,8 @@ IDS = [0, 0, 1, 1]
     (dict(out=torch.zeros(4, dtype=torch.int64)), TypeError, "out"),
     (dict(mask=torch.ones(4, 2), out=torch.zeros(4)), ValueError, "out"),
     (dict(scores=torch.zeros(4, requires_grad=True), out=torch.zeros(4)), ValueError, "out"),
+    (dict(backend="cuda"), ValueError, "backend"),
+    (dict(backend=3), TypeError, "backend"),
 ])
 def test_bad_inputs(kwargs, exc, name):
     args = dict(scores=S, group_ids=IDS)
@@ -594,3 +596,218 @@ def test_gradients(mode):
     m = torch.ones(6, 2) if mode == RFPP else None
     group_advantages(flat, [0, 0, 1, 1, 2, 3], mode=mode, mask=m).sum().backward()
     assert torch.isfinite(flat.grad).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# the all-pairs Triton kernel (rl_triton/core/kernels/groups.py), on CPU tensors in the Triton
+# interpreter: TRITON_INTERPRET=1 set before anything imports triton, as conftest.py says
+# ---------------------------------------------------------------------------------------------
+
+from rl_triton.core import kernels as _kernels  # noqa: E402  (imports without triton: AVAILABLE is False then)
+
+needs_interpreter = pytest.mark.skipif(
+    not (_kernels.AVAILABLE and _kernels.INTERPRET),
+    reason="the Triton kernel runs on CPU tensors only in the interpreter: needs triton and TRITON_INTERPRET=1 "
+           "set before import",
+)
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Tiles of 4 responses by 8, so that small batches cross tile boundaries both ways."""
+    from rl_triton.core.kernels import groups as k
+
+    monkeypatch.setattr(k, "BLOCK_I", 4)
+    monkeypatch.setattr(k, "BLOCK_J", 8)
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts the all-pairs launches, so that a test sees which path a call took."""
+    calls = []
+    launch = groups._all_pairs
+
+    def counted(*args):
+        calls.append(args[0].shape[0])
+        return launch(*args)
+
+    monkeypatch.setattr(groups, "_all_pairs", counted)
+    return calls
+
+
+@needs_interpreter
+@settings(max_examples=n_examples(15), deadline=None)
+@given(c=cases())
+def test_kernel_matches_verl_and_oracle(small_tiles, c):
+    run_case(dict(c, backend="triton"))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("style", ["tensor_int64", "tensor_int32", "numpy_str", "list_int"])
+def test_kernel_shuffled_groups(kernel_calls, mode, dtype, style):
+    """Groups of 1 to 16 in shuffled order, several of one, at the default tiles: 300 responses,
+    several tiles of the responses a program compares with, the last ones partial."""
+    sizes = [1, 16, 3, 1, 9, 2, 16, 1, 12, 5, 14, 1, 7, 16, 4, 8, 11, 1, 15, 6, 10, 13, 1, 6, 2, 16, 15, 14, 13,
+             12, 11, 10, 8, 5, 1, 14]
+    assert sum(sizes) == 300
+    for kind in ("normal", "dyadic"):
+        run_case(dict(sizes=sizes, mode=mode, style=style, dtype=dtype, kind=kind, masked=mode == RFPP, L=3,
+                      seed=sum(map(ord, style)), backend="triton"))
+    assert kernel_calls == [300, 300]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("B", [1, 3, 4, 5, 8, 9, 17, 40])
+def test_kernel_tile_boundaries(small_tiles, kernel_calls, B):
+    """B below, at and above multiples of the tiles (4 responses a program, 8 at a time)."""
+    rng = np.random.default_rng(B)
+    sizes, left = [], B
+    while left:
+        sizes.append(min(left, int(rng.integers(1, 7))))
+        left -= sizes[-1]
+    for mode in MODES:
+        for dtype in (torch.float32, torch.float64):
+            run_case(dict(sizes=sizes, mode=mode, style="tensor_int64", dtype=dtype, kind="normal",
+                          masked=mode == RFPP, L=2, seed=B, backend="triton"))
+    assert kernel_calls == [B] * 8
+
+
+@needs_interpreter
+def test_kernel_known_values_and_group_of_one():
+    s = torch.tensor([1.0, 2.0, 3.0, 5.0, 7.0, 0.5], dtype=torch.float64)
+    ids = torch.tensor([10, 20, 10, 20, 20, 30])
+    sa, sb = np.sqrt(2.0), np.sqrt(19 / 3)
+    one_eps = float(np.float32(1.0) + np.float32(1e-6))
+    grpo = [-1 / (sa + 1e-6), (2 - 14 / 3) / (sb + 1e-6), 1 / (sa + 1e-6), (5 - 14 / 3) / (sb + 1e-6),
+            (7 - 14 / 3) / (sb + 1e-6), 0.5 / one_eps]
+    assert_close(group_advantages(s, ids, backend="triton"), np.array(grpo), 1e-14)
+    assert_close(group_advantages(s, ids, mode="drgrpo", backend="triton"),
+                 np.array([-1, 2 - 14 / 3, 1, 5 - 14 / 3, 7 - 14 / 3, 0.5]), 1e-15)
+    assert_close(group_advantages(s, ids, mode="rloo", backend="triton"), np.array([-2, -4, 2, 0.5, 3.5, 0.5]), 1e-15)
+    lone = torch.tensor([3.0, -2.0], dtype=torch.float64)
+    assert torch.equal(group_advantages(lone, ["a", "b"], backend="triton"), lone / one_eps)
+    assert torch.equal(group_advantages(lone, ["a", "b"], eps=0.0, backend="triton"), lone)
+    for mode in ("drgrpo", "rloo"):
+        assert torch.equal(group_advantages(lone, ["a", "b"], mode=mode, backend="triton"), lone)
+    assert torch.equal(group_advantages(lone[:1], [7], backend="triton"), lone[:1] / one_eps)  # B = 1
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kernel_constant_groups_give_exact_zeros(small_tiles, dtype):
+    s = torch.tensor([0.1, 0.1, 0.1, 0.7, 0.7, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 1e8, 1e8], dtype=dtype)
+    ids = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 2, 2, 5, 5])
+    perm = torch.from_numpy(np.random.default_rng(1).permutation(14))
+    for mode in ("grpo", "drgrpo", "rloo"):
+        got = group_advantages(s[perm], ids[perm], mode=mode, backend="triton")
+        assert torch.equal(got, torch.zeros(14, dtype=dtype))
+        assert not torch.signbit(got).any()  # +0, not -0
+
+
+@needs_interpreter
+@pytest.mark.parametrize("mode", ("grpo", "drgrpo", "rloo"))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_kernel_nan_stays_in_its_group(small_tiles, mode, dtype):
+    rng = np.random.default_rng(9)
+    group_of = grouping([4, 1, 6, 3, 1], rng)
+    ids = torch.from_numpy(group_of)
+    s = make_scores(group_of.size, "normal", dtype, rng)
+    clean = group_advantages(s, ids, mode=mode, backend="triton")
+    assert_close(clean, oracle(s.double().numpy(), group_of.tolist(), mode), TOL[dtype])
+    for g, k in ((0, 0), (0, -1), (1, 0)):
+        bad = s.clone()
+        bad[np.flatnonzero(group_of == g)[k]] = float("nan")
+        got = group_advantages(bad, ids, mode=mode, backend="triton")
+        inside = torch.from_numpy(group_of == g)
+        assert torch.isnan(got[inside]).all()
+        assert torch.equal(got[~inside], clean[~inside])
+
+
+@needs_interpreter
+def test_kernel_id_types(kernel_calls):
+    """Integer tensors of every width (compared as int32 or int64), numpy arrays, lists, strings,
+    ids that do not sort."""
+    s = torch.tensor([1.0, 2.0, 4.0, 8.0, 3.0], dtype=torch.float64)
+    expected = torch.from_numpy(oracle(s.numpy(), [0, 1, 0, 1, 2], "grpo"))
+    for dt in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+               torch.uint64):
+        assert_close(group_advantages(s, torch.tensor([3, 9, 3, 9, 100]).to(dt), backend="triton"), expected, 1e-14)
+    big = torch.tensor([2**62, 2**62 + 2**32, 2**62, 2**62 + 2**32, -2**62])  # equal low 32 bits across groups
+    assert_close(group_advantages(s, big, backend="triton"), expected, 1e-14)
+    mixed = np.empty(5, dtype=object)
+    mixed[:] = ["x", 1, "x", 1, (2, "y")]
+    for ids in (mixed, ["x", None, "x", None, 2.5], np.array(["u", "v", "u", "v", "w"]),
+                np.array([2.5, -1, 2.5, -1, 0])):
+        assert_close(group_advantages(s, ids, backend="triton"), expected, 1e-14)
+    assert kernel_calls == [5] * 13
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kernel_half_precision(dtype):
+    """Half-precision scores are read as they are and accumulate in float32."""
+    rng = np.random.default_rng(2)
+    group_of = grouping([5, 1, 8, 3], rng)
+    s = make_scores(group_of.size, "normal", dtype, rng)
+    for mode in ("grpo", "rloo"):
+        got = group_advantages(s, torch.from_numpy(group_of), mode=mode, backend="triton")
+        assert got.dtype == dtype
+        want = oracle(s.double().numpy(), group_of.tolist(), mode)
+        assert_close(got, want, 1e-2 if dtype == torch.bfloat16 else 2e-3)
+
+
+@needs_interpreter
+def test_kernel_out_mask_and_empty(small_tiles):
+    rng = np.random.default_rng(4)
+    group_of = grouping([4, 1, 3, 2], rng)
+    ids = torch.from_numpy(group_of)
+    s = make_scores(group_of.size, "normal", torch.float32, rng)
+    mask = make_mask(group_of.size, 5, rng, dtype=torch.bool)
+    for mode in MODES:
+        m = mask if mode == RFPP else None
+        want = oracle(s.double().numpy(), group_of.tolist(), mode, None if m is None else m.numpy())
+        out = torch.full(want.shape, float("nan"))
+        assert group_advantages(s, ids, mode=mode, mask=m, out=out, backend="triton") is out
+        assert_close(out, want, 1e-6)
+        # the mask broadcasts the advantages over the valid tokens, 0 elsewhere
+        got = group_advantages(s, ids, mode=mode, mask=mask, backend="triton")
+        assert got.shape == mask.shape and (got[~mask] == 0).all()
+        assert_close(got, oracle(s.double().numpy(), group_of.tolist(), mode, mask.numpy()), 1e-6)
+    alias = s.clone()  # out= the scores themselves: the kernel writes a buffer, copied after it has read them all
+    assert group_advantages(alias, ids, out=alias, backend="triton") is alias
+    assert_close(alias, oracle(s.double().numpy(), group_of.tolist(), "grpo"), 1e-6)
+    assert group_advantages(torch.zeros(0), torch.zeros(0, dtype=torch.int64), backend="triton").shape == (0,)
+    got = group_advantages(torch.zeros(0), [], mode=RFPP, mask=torch.zeros(0, 3), backend="triton")
+    assert got.shape == (0, 3)
+
+
+@needs_interpreter
+def test_kernel_size_switch(monkeypatch, kernel_calls):
+    """Above PAIRS_MAX_B responses the call takes the sort / scatter path, with the same results."""
+    rng = np.random.default_rng(8)
+    group_of = grouping([3, 1, 5, 2, 4], rng)
+    ids = torch.from_numpy(group_of)
+    s = make_scores(group_of.size, "normal", torch.float64, rng)
+    want = oracle(s.numpy(), group_of.tolist(), "grpo")
+    monkeypatch.setattr(groups, "PAIRS_MAX_B", group_of.size)
+    assert_close(group_advantages(s, ids, backend="triton"), want, 1e-12)
+    assert kernel_calls == [group_of.size]
+    monkeypatch.setattr(groups, "PAIRS_MAX_B", group_of.size - 1)
+    assert_close(group_advantages(s, ids, backend="triton"), want, 1e-12)
+    assert kernel_calls == [group_of.size]  # not called again
+
+
+@needs_interpreter
+def test_kernel_leaves_gradients_and_other_backends_to_torch(kernel_calls):
+    s = torch.tensor([1.0, 2.0, 4.0, 0.5], dtype=torch.float64, requires_grad=True)
+    ids = torch.tensor([0, 0, 1, 1])
+    got = group_advantages(s, ids, backend="triton")
+    assert got.grad_fn is not None and kernel_calls == []
+    assert torch.autograd.gradcheck(lambda x: group_advantages(x, ids, backend="triton"), (s,))
+    with torch.no_grad():
+        group_advantages(s, ids, backend="triton")
+    assert kernel_calls == [4]
+    group_advantages(s.detach(), ids, backend="torch")
+    assert kernel_calls == [4]

@@ -1,8 +1,10 @@
 """Group-relative advantages for outcome rewards: GRPO, Dr. GRPO, RLOO and REINFORCE++ with baseline.
 
-One score per response, responses grouped by prompt. The group statistics are one segmented
-reduction (``scatter_add_`` into per-group buffers), with no Python loop over groups or rows and,
-for tensors on an accelerator, no host synchronisation. Semantics: docs/semantics.md.
+One score per response, responses grouped by prompt. On the Triton backend the statistics and
+advantages of up to ``PAIRS_MAX_B`` responses are one kernel over all pairs of responses
+(rl_triton/core/kernels/groups.py); otherwise they are one segmented reduction (``scatter_add_``
+into per-group buffers). No Python loop over groups or rows and, for tensors on an accelerator,
+no host synchronisation. Semantics: docs/semantics.md.
 """
 
 from __future__ import annotations
@@ -13,17 +15,17 @@ from numbers import Real
 import numpy as np
 import torch
 
-from . import inputs
+from . import inputs, launch
 
 MODES = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
 _WHITEN_EPS = 1e-8  # the variance floor of the batch whitening (reinforce_plus_plus_baseline)
-_INT_DTYPES = frozenset((
-    torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int8, torch.int16, torch.int32, torch.int64,
-))
+PAIRS_MAX_B = 16384  # the largest batch the all-pairs kernel takes (O(B^2) pairs); above it the sort path
+_NARROW_DTYPES = frozenset((torch.uint8, torch.uint16, torch.int8, torch.int16))  # exact in int32
+_INT_DTYPES = _NARROW_DTYPES | {torch.uint32, torch.uint64, torch.int32, torch.int64}
 
 
 def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out=None, group=None,
-                     num_groups=None) -> torch.Tensor:
+                     num_groups=None, backend=None) -> torch.Tensor:
     """Advantages of responses relative to the other responses to the same prompt.
 
     ``scores`` is ``[B]``, one outcome score ``s_i`` per response; ``group_ids`` says which prompt
@@ -67,6 +69,15 @@ def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out
     are one all-gather of each rank's ``(n, mean, M2)`` per group (``num_groups`` rows, whatever B
     is), combined by Chan et al.'s formula; ``reinforce_plus_plus_baseline`` whitens over the
     valid tokens of every rank with one more. No host synchronisation; no autograd.
+
+    ``backend`` as for the estimators (``None`` reads ``RL_TRITON_BACKEND``; "auto": "triton" for
+    CUDA tensors). On the Triton backend, without ``group`` and without gradients, a batch of up to
+    ``PAIRS_MAX_B`` responses takes one kernel over all pairs of responses: each response counts
+    the responses with its id and sums their deviations ``s_j - s_i`` from its own score and the
+    squares of those, in a fixed order (deterministic). Integer ids are compared as they are, with
+    no sort; numpy arrays and lists are numbered on the host first. Every other call takes torch
+    ops: the ids numbered (a stable sort on the device, ``torch.unique`` or a dict on the host)
+    and the group sums ``scatter_add_``-ed.
     """
     scores = inputs.check_tensor(scores, "scores")
     if scores.ndim != 1:
@@ -103,12 +114,17 @@ def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out
             raise ValueError("out= is written in place and does not support autograd; "
                              "call without out= when scores require grad")
 
+    backend = launch.resolve_backend(backend, device)
+
     if B == 0 and group is None:
         return out if out is not None else torch.empty(shape, dtype=dtype, device=device)
 
     valid = None if mask is None else mask if mask.dtype == torch.bool else mask != 0
     cd = inputs.compute_dtype(dtype)
-    if group is None:
+    if group is None and backend == "triton" and B <= PAIRS_MAX_B and not torch.compiler.is_compiling() \
+            and not (torch.is_grad_enabled() and scores.requires_grad):
+        adv = _all_pairs(scores, _kernel_ids(ids, device), mode, eps)
+    elif group is None:
         code, nbuf = _codes(ids, device)
         adv = _advantages(scores.to(cd), code, nbuf, mode, eps)
     else:
@@ -142,9 +158,27 @@ def _advantages(x: torch.Tensor, code: torch.Tensor, nbuf: int, mode: str, eps: 
         0, code, dev * dev).index_select(0, code), mode, eps)
 
 
+def _all_pairs(scores: torch.Tensor, ids: torch.Tensor, mode: str, eps: float) -> torch.Tensor:
+    """``_advantages`` by the all-pairs kernel of rl_triton/core/kernels/groups.py, one launch;
+    ``ids``: an int32 or int64 tensor on the scores' device."""
+    import triton.language as tl
+
+    from .kernels import groups as k
+
+    B = scores.shape[0]
+    cd = inputs.compute_dtype(scores.dtype)
+    adv = torch.empty(B, dtype=cd, device=scores.device)
+    k.advantages_kernel[(-(-B // k.BLOCK_I),)](
+        scores, ids, adv, B, scores.stride(0), ids.stride(0), eps, _one_plus_eps_f32(eps), MODE=mode,
+        ACC=tl.float64 if cd == torch.float64 else tl.float32, BLOCK_I=k.BLOCK_I, BLOCK_J=k.BLOCK_J,
+        UNROLL=k.UNROLL, num_warps=k.NUM_WARPS)
+    return adv
+
+
 def _relative(x, dev, n, squares, mode: str, eps: float) -> torch.Tensor:
     """The advantages from each response's deviation from its group's mean ``dev``, its group's
-    size ``n`` and, for grpo, ``squares()``: its group's sum of squared deviations."""
+    size ``n`` and, for grpo, ``squares()``: its group's sum of squared deviations. The all-pairs
+    kernel's ``_relative`` (rl_triton/core/kernels/groups.py) has the same formulas."""
     single = n == 1
     if mode == "grpo":
         var = squares() / (n - 1).clamp(min=1)
@@ -258,7 +292,22 @@ def _codes(ids, device: torch.device) -> tuple[torch.Tensor, int]:
             return _unique_codes(ids, device)
         return _sorted_codes(ids.to(device))
     codes = _host_codes(ids)
-    return torch.from_numpy(codes).to(device, non_blocking=True), int(codes.max()) + 1 if codes.size else 0
+    return _to_device(codes, device), int(codes.max()) + 1 if codes.size else 0
+
+
+def _kernel_ids(ids, device: torch.device) -> torch.Tensor:
+    """The ids as the all-pairs kernel compares them, on ``device``: an int32 or int64 tensor as it
+    is (other integer dtypes widened, equal ids staying equal); ids on the host as their int32
+    codes."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype not in (torch.int32, torch.int64):
+            ids = ids.to(torch.int32 if ids.dtype in _NARROW_DTYPES else torch.int64)
+        return ids.to(device, non_blocking=True)
+    return _to_device(_host_codes(ids).astype(np.int32), device)
+
+
+def _to_device(codes: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(codes).to(device, non_blocking=True)
 
 
 def _unique_codes(ids: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, int]:
