@@ -90,28 +90,17 @@ if AVAILABLE:
             edge[i, 1] = gain
 
     @_inline
+    def _masked_step(r, v, m, g, l, acc, nxt):
+        """(v, the advantage, the next unmasked value) one step earlier in masked_gae."""
+        on = m != 0
+        v = v * 1.0
+        a, b = _c_masked_gae(r, v, nxt, 1.0 if on else 0.0, g * 1.0, l)
+        return v, _c_step(a, b, acc), v if on else nxt
+
+    @_inline
     def _valid(x, m, shift):
         """x - shift where the mask m is nonzero, else 0 (x not read: NaN outside the mask stays out)."""
         return x * 1.0 - shift if m != 0 else 0.0
-
-    @_inline
-    def _lane_sums(x, mask, i, shift):
-        """Row i's (sum of x - shift, sum of its squares) over its valid steps, in eight lanes
-        each; the sum of squares is taken about ``shift``, the sum alone is exact for shift 0."""
-        lanes = np.zeros(8)
-        squares = np.zeros(8)
-        T = x.shape[1]
-        full = T - T % 8
-        for t0 in range(0, full, 8):
-            for q in range(8):
-                d = _valid(x[i, t0 + q], mask[i, t0 + q], shift)
-                lanes[q] += d
-                squares[q] += d * d
-        for t in range(full, T):
-            d = _valid(x[i, t], mask[i, t], shift)
-            lanes[0] += d
-            squares[0] += d * d
-        return lanes.sum(), squares.sum()
 
     @_inline
     def _next_value(nv, v_next, boot, nv_mode, last):
@@ -244,6 +233,31 @@ def masked_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, adva
             edge[i, 4] = c
 
 
+def masked_gae_pairs(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, advantages, value_targets, edge):
+    """masked_gae without the edge map (``edge`` unused), each thread walking two rows (i and
+    i + H) through time together so that their recurrences overlap in the pipeline; a lone last
+    row is walked twice, writing the same values."""
+    R, T = rewards.shape
+    H = (R + 1) // 2
+    # number coefficients (stride-0 arrays) read once
+    fixed = gamma.strides[0] == 0 and gamma.strides[1] == 0 and lmbda.strides[0] == 0 and lmbda.strides[1] == 0
+    g0, l0 = gamma[0, 0] * 1.0, lmbda[0, 0] * 1.0
+    for p in prange(H):
+        i = np.int64(p)  # the prange index may be unsigned, and unsigned + signed is a float
+        k = i + H if i + H < R else i
+        acc_i, nxt_i = carry[i] * 1.0, bootstrap_value[i] * 1.0
+        acc_k, nxt_k = carry[k] * 1.0, bootstrap_value[k] * 1.0
+        for t in range(T - 1, -1, -1):
+            g_i, l_i = (g0, l0) if fixed else (gamma[i, t] * 1.0, lmbda[i, t] * 1.0)
+            g_k, l_k = (g0, l0) if fixed else (gamma[k, t] * 1.0, lmbda[k, t] * 1.0)
+            v_i, acc_i, nxt_i = _masked_step(rewards[i, t], values[i, t], mask[i, t], g_i, l_i, acc_i, nxt_i)
+            v_k, acc_k, nxt_k = _masked_step(rewards[k, t], values[k, t], mask[k, t], g_k, l_k, acc_k, nxt_k)
+            advantages[i, t] = acc_i
+            value_targets[i, t] = acc_i + v_i
+            advantages[k, t] = acc_k
+            value_targets[k, t] = acc_k + v_k
+
+
 def padded_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, advantages, value_targets, edge):
     """GAE with rewards and values read as 0 where the mask is 0; value targets are advantages +
     the zeroed values."""
@@ -268,18 +282,22 @@ def masked_moments(x, mask, moments):
     """Each row's ``(n, mean, M2)`` of ``x`` at the steps where ``mask`` is nonzero (the row's
     mean first, then the sum of squared deviations from it; both passes read the row while it is
     in cache), into ``moments`` (float64 ``[R, 3]``). NaN at a valid step makes its row's mean and
-    M2 NaN; values at other steps are never read into the sums. Eight running sums per pass, over
-    steps t = 8j + q, so that the additions do not wait on each other."""
+    M2 NaN; values at other steps are never read into the sums. Compiled with reassociation
+    allowed (``REASSOCIATE``): the sums run in vector lanes, in an order fixed by the build."""
     R, T = x.shape
     for i in prange(R):
-        n = 0
+        n, total = 0, 0.0
         for t in range(T):
             n += mask[i, t] != 0
-        total, _ = _lane_sums(x, mask, i, 0.0)
+            total += _valid(x[i, t], mask[i, t], 0.0)
         mean = total / n if n > 0 else 0.0
+        m2 = 0.0
+        for t in range(T):
+            d = _valid(x[i, t], mask[i, t], mean)
+            m2 += d * d
         moments[i, 0] = n
         moments[i, 1] = mean
-        moments[i, 2] = _lane_sums(x, mask, i, mean)[1]
+        moments[i, 2] = m2
 
 
 def td_lambda_return(rewards, next_values, carry, terminated, done, truncated, last_done, gamma, lmbda, done_mode,
@@ -424,9 +442,13 @@ PARALLEL_MIN_ELEMENTS = 1 << 15
 _PARALLEL = threading.Lock()
 
 
+# kernels whose floating-point sums may be reassociated (vectorised); NaN and inf keep their meaning
+REASSOCIATE = frozenset(("masked_moments",))
+
+
 def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
     """``fn`` compiled for arguments of ``arg_kinds`` (spec kinds, ``o2`` outputs) in float ``dtype``."""
-    key = (fn.__name__, dtype, parallel)
+    key = (fn.__name__, dtype, parallel, tuple(arg_kinds))
     if key not in _compiled:
         ft = nb.from_dtype(dtype)
         types = {
@@ -434,11 +456,15 @@ def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
             "f3": nb.types.Array(ft, 3, "A", readonly=True),
             "u2": nb.types.Array(nb.types.uint8, 2, "A", readonly=True),
             "u1": nb.types.Array(nb.types.uint8, 1, "A", readonly=True), "o2": nb.types.Array(ft, 2, "A"),
+            # C-contiguous (kernels whose loops vectorise)
+            "c2": nb.types.Array(ft, 2, "C", readonly=True), "cu2": nb.types.Array(nb.types.uint8, 2, "C", readonly=True),
+            "oc2": nb.types.Array(ft, 2, "C"),
             "e": nb.types.Array(nb.types.float64, 2, "C"),
             "s": nb.types.float64, "i": nb.types.int64, "b": nb.types.boolean,
         }
         sig = nb.types.void(*(types[k] for k in arg_kinds))
-        _compiled[key] = nb.njit(sig, parallel=parallel, cache=True, nogil=True)(
+        fastmath = {"reassoc", "contract"} if fn.__name__ in REASSOCIATE else False
+        _compiled[key] = nb.njit(sig, parallel=parallel, cache=True, nogil=True, fastmath=fastmath)(
             _renamed(fn, "_parallel") if parallel else fn)
     return _compiled[key]
 
@@ -513,14 +539,15 @@ def row_moments(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     element), by :func:`masked_moments`."""
     R, T = x.shape
     parallel = R > 1 and R * T >= PARALLEL_MIN_ELEMENTS
-    kernel = _kernel(masked_moments, ("f2", "u2", "e"), _NUMPY_DTYPES[x.dtype], parallel)
-    flags = _constant(1, np.uint8, (R, T)) if mask is None else _flag_bytes(mask)
+    kernel = _kernel(masked_moments, ("c2", "cu2", "e"), _NUMPY_DTYPES[x.dtype], parallel)
+    flags = np.ones((R, T), np.uint8) if mask is None else np.ascontiguousarray(_flag_bytes(mask))
+    values = np.ascontiguousarray(x.detach().numpy())
     out = np.empty((R, 3))
     if parallel:
         with _PARALLEL:
-            kernel(x.detach().numpy(), flags, out)
+            kernel(values, flags, out)
     else:
-        kernel(x.detach().numpy(), flags, out)
+        kernel(values, flags, out)
     return torch.from_numpy(out)
 
 
@@ -549,6 +576,7 @@ def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
     Absent or constant arrays become stride-0 broadcasts, flags become uint8 0/1. A numpy array
     stands for the tensor sharing its memory.
     """
+    kind = _BASE_KIND.get(kind, kind)
     if type(x) is np.ndarray:
         x = torch.from_numpy(x)
     if isinstance(x, torch.Tensor):
@@ -577,6 +605,18 @@ def _episode_starts_call(args) -> bool:
 
 
 NO_EDGE = np.zeros((0, 5))  # the edge argument of a launch that asks for no edge map
+_CONTIGUOUS = {"f2": "c2", "u2": "cu2"}  # C-contiguous forms of the kinds
+_BASE_KIND = {"c2": "f2", "cu2": "u2", "oc2": "o2"}
+
+
+def _c_rows(x, dtype) -> bool:
+    """Whether ``x`` is a C-contiguous ``[R, T]`` tensor that reaches the kernel as it is (float of
+    ``dtype``; for ``dtype`` None a flag tensor of bytes)."""
+    if isinstance(x, np.ndarray):  # an output buffer of a call plan
+        return x.ndim == 2 and x.flags.c_contiguous and dtype is not None and x.dtype == _NUMPY_DTYPES[dtype]
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_contiguous() or x.requires_grad:
+        return False
+    return x.dtype in (torch.bool, torch.uint8, torch.int8) if dtype is None else x.dtype == dtype
 
 
 class Launch:
@@ -600,6 +640,15 @@ class Launch:
                 names, kinds, has_edge = _EPISODE_STARTS_ARGS, _EPISODE_STARTS_KINDS, 0
             elif time_major and rows * steps >= ROW_BLOCK_MIN_ELEMENTS:
                 fn = gae_row_blocks
+        out_kind = "o2"
+        if algo is spec.MASKED_GAE and not edge and rows > 1:
+            fn = masked_gae_pairs
+            if _c_rows(args.rewards, dtype) and _c_rows(args.values, dtype) and _c_rows(args.mask, None) \
+                    and all(_c_rows(o, dtype) for o in outs):
+                # C-contiguous rows: simpler addressing (measured: 1.6x the strided build's speed)
+                kinds = tuple(_CONTIGUOUS.get(k, k) if n in ("rewards", "values", "mask") else k
+                              for n, k in zip(names, kinds))
+                out_kind = "oc2"
         # the kernel's arguments as far as the signature fixes them (stand-ins, constants; a number
         # coefficient of a scalar parameter applied in the compute dtype, as everywhere), and per
         # tensor argument its position in the converted list, in args, and its conversion; a
@@ -621,7 +670,7 @@ class Launch:
                 self.fixed.append(_adapt(kind, x, rows, steps, dtype))
         self.parallel = rows > 1 and rows * steps >= PARALLEL_MIN_ELEMENTS
         self.has_edge = has_edge
-        self.kernel = _kernel(fn, (*kinds, *("o2",) * len(outs), *("e",) * has_edge), np_dtype, self.parallel)
+        self.kernel = _kernel(fn, (*kinds, *(out_kind,) * len(outs), *("e",) * has_edge), np_dtype, self.parallel)
 
     def launch(self, args, outs, edge=None) -> None:
         converted = self.fixed.copy()
@@ -684,6 +733,7 @@ def _numpy_bytes(x):
 
 def _converter(kind: str, x: torch.Tensor, dtype: torch.dtype):
     """The conversion of tensors like ``x`` to the kernel's argument of ``kind`` (as ``_adapt``)."""
+    kind = _BASE_KIND.get(kind, kind)
     if not x.requires_grad:
         if kind[0] == "u" and x.dtype in (torch.bool, torch.int8):
             return _numpy_bytes
