@@ -456,9 +456,9 @@ def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
             "f3": nb.types.Array(ft, 3, "A", readonly=True),
             "u2": nb.types.Array(nb.types.uint8, 2, "A", readonly=True),
             "u1": nb.types.Array(nb.types.uint8, 1, "A", readonly=True), "o2": nb.types.Array(ft, 2, "A"),
-            # C-contiguous (kernels whose loops vectorise)
-            "c2": nb.types.Array(ft, 2, "C", readonly=True), "cu2": nb.types.Array(nb.types.uint8, 2, "C", readonly=True),
-            "oc2": nb.types.Array(ft, 2, "C"),
+            # C-contiguous rows (simpler addressing; loops that vectorise)
+            "c2": nb.types.Array(ft, 2, "C", readonly=True), "oc2": nb.types.Array(ft, 2, "C"),
+            "cu2": nb.types.Array(nb.types.uint8, 2, "C", readonly=True),
             "e": nb.types.Array(nb.types.float64, 2, "C"),
             "s": nb.types.float64, "i": nb.types.int64, "b": nb.types.boolean,
         }
