@@ -117,7 +117,7 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
         y = out if out is not None else torch.empty_like(x)
         _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode == "clamp")
         return y
-    if backend == "cpu" and not grad:
+    if backend == "cpu" and not grad and x.numel():
         n, mean, m2 = _row_moments(x, mask, cd)
     else:
         n, mean, m2 = _local_moments(x, mask, cd)
