@@ -215,11 +215,8 @@ def test_whiten_with_openrlhfs_convention(backend):
     r, v, m = _batch(4, 21, torch.float64, seed=19)
     adv, _ = rt.gae(r, v, mask=m, mask_mode="pad", whiten=dict(unbiased=False, eps_mode="clamp"), backend=backend)
     raw, _ = openrlhf_gae(v, r, m.double(), 0.99, 0.95)
-    valid = m.double()
-    mean = (raw * valid).sum() / valid.sum()
-    var = ((raw - mean) ** 2 * valid).sum() / valid.sum()
-    _close(adv, (raw - mean) * var.clamp(min=1e-8).rsqrt(), torch.float64)
-    _close(verl_masked_whiten(raw, valid), rt.masked_whiten(raw, m), torch.float64)
+    _close(adv, _whitened(raw, m, unbiased=False, eps_mode="clamp"), torch.float64)
+    _close(verl_masked_whiten(raw, m.double()), rt.masked_whiten(raw, m), torch.float64)
 
 
 @pytest.mark.parametrize("bad,match", [

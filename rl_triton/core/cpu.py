@@ -576,7 +576,6 @@ def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
     Absent or constant arrays become stride-0 broadcasts, flags become uint8 0/1. A numpy array
     stands for the tensor sharing its memory.
     """
-    kind = _BASE_KIND.get(kind, kind)
     if type(x) is np.ndarray:
         x = torch.from_numpy(x)
     if isinstance(x, torch.Tensor):
@@ -606,7 +605,7 @@ def _episode_starts_call(args) -> bool:
 
 NO_EDGE = np.zeros((0, 5))  # the edge argument of a launch that asks for no edge map
 _CONTIGUOUS = {"f2": "c2", "u2": "cu2"}  # C-contiguous forms of the kinds
-_BASE_KIND = {"c2": "f2", "cu2": "u2", "oc2": "o2"}
+_BASE_KIND = {"c2": "f2", "cu2": "u2"}
 
 
 def _c_rows(x, dtype) -> bool:
