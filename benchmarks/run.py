@@ -282,6 +282,13 @@ def main():
                         "per cell, about 8 s on the H200 host); 'all' for every algorithm (about 14 minutes)")
     p.add_argument("--compiled-others-at", default=",".join(SPOT_SHAPES),
                    help="GPU: shapes where the other algorithms get the torch.compile peers too")
+    p.add_argument("--loop-max-t", type=int, default=4096,
+                   help="GPU: the per-step loops (rl_triton's torch backend, TorchRL's loops) at T up to this only")
+    p.add_argument("--warm-only", action="store_true",
+                   help="GPU: call every implementation of every cell once and time nothing: compiles into Triton's "
+                        "and inductor's caches, so that processes run beside each other beforehand (--shard) shorten "
+                        "the timed run's compilations")
+    p.add_argument("--shard", default="0/1", help="GPU, --warm-only: K/N, the K-th of N interleaved parts of the cells")
     args = p.parse_args()
     if args.replot:
         return plots(results_from_md(args.replot), args.img or "docs/img")
@@ -383,8 +390,12 @@ def _device_or_none(fn, full_us):
 def gpu_main(args):
     if triton is None:
         raise SystemExit("the GPU benchmark needs triton: pip install -e '.[gpu]'")
-    external = None if args.no_peers else load_external_peers(args.peers_dir,
-                                                              pufferlib="gae" in args.algos.split(","))
+    external = None if args.no_peers else load_external_peers(
+        args.peers_dir, pufferlib="gae" in args.algos.split(",") and not args.warm_only)
+    cells = [(a, d, s) for a in args.algos.split(",") for d in args.dtypes.split(",") for s in args.shapes.split(",")]
+    if args.warm_only:
+        k, n = map(int, args.shard.split("/"))
+        return warm(cells[k::n], args, external)
     if not args.no_host_path:
         host = host_path()
         print("\n".join(host) + "\n", flush=True)
@@ -400,19 +411,12 @@ def gpu_main(args):
              "|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     results = []
-    cells = [(a, d, s) for a in args.algos.split(",") for d in args.dtypes.split(",") for s in args.shapes.split(",")]
     bar = _progress(len(cells))
     for algo, dtype_name, shape in cells:
         R, T = map(int, shape.split("x"))
-        dtype = getattr(torch, dtype_name)
-        torch._dynamo.reset()  # compiled peers: no cache reuse across shapes
-        problem = Problem(algo, R, T, dtype=dtype)
+        problem, impls = _cell_impls(algo, dtype_name, R, T, args, external)
         expected = problem.expected(rows=4)
-        with_peers = not args.no_peers and dtype == torch.float32
-        compiled = args.compiled_peers == "all" or algo in args.compiled_peers.split(",") \
-            or shape in args.compiled_others_at.split(",")
-        peers = problem.peers(compiled=compiled, external=external) if with_peers else {}
-        impls = {"rl_triton": _direct_call(problem.problem), **peers}
+        dtype = getattr(torch, dtype_name)
         cell_lines, cell_results = time_cell((algo, dtype_name, R, T), impls, expected, TOLERANCE[dtype],
                                              problem.nbytes_with, bw)
         lines += cell_lines
@@ -435,6 +439,32 @@ def gpu_main(args):
         plots([r for r in results if r["status"] == "ok"], args.img)
     if failed:
         raise SystemExit(1)
+
+
+def _cell_impls(algo, dtype_name, R, T, args, external):
+    """A cell's problem and its implementations (rl_triton's first), with a fresh compile cache."""
+    dtype = getattr(torch, dtype_name)
+    torch._dynamo.reset()  # compiled peers: no cache reuse across shapes
+    problem = Problem(algo, R, T, dtype=dtype)
+    with_peers = not args.no_peers and dtype == torch.float32
+    compiled = args.compiled_peers == "all" or algo in args.compiled_peers.split(",") \
+        or f"{R}x{T}" in args.compiled_others_at.split(",")
+    peers = problem.peers(compiled=compiled, loop_max_T=args.loop_max_t, external=external) if with_peers else {}
+    return problem, {"rl_triton": _direct_call(problem.problem), **peers}
+
+
+def warm(cells, args, external):
+    """Call every implementation of ``cells`` once (compiling into the on-disk caches), untimed."""
+    for algo, dtype_name, shape in cells:
+        R, T = map(int, shape.split("x"))
+        problem, impls = _cell_impls(algo, dtype_name, R, T, args, external)
+        for name, fn in impls.items():
+            try:
+                fn()
+            except Exception as e:  # the timed run reports it
+                print(f"{algo} {shape} {name}: {type(e).__name__}", flush=True)
+        del problem, impls
+        torch.cuda.empty_cache()
 
 
 def time_cell(key, impls: dict, expected, tolerance: float, nbytes, bandwidth_tbs: float,
