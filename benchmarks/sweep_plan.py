@@ -18,7 +18,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.join(_here, "..")]
 from common import parser  # noqa: E402
 from peers import Problem, max_error  # noqa: E402
 from run import device_us  # noqa: E402

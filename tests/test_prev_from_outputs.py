@@ -69,11 +69,18 @@ def test_read_back_with_a_chunk_carry(plan, variant):
     assert not torch.allclose(got[1], problem.call("triton")[1])  # the carry reached the advantages
 
 
-def test_plan_takes_the_read_back_where_it_can():
+def test_plan_takes_the_read_back_where_it_can(monkeypatch):
+    monkeypatch.setattr(kernels, "_multiprocessors", lambda device: 132)  # the H200's
+    monkeypatch.setattr(kernels, "_launches", {})
     cpu = torch.device("cpu")
-    args = (spec.VTRACE, 1024, 1024, False, True, 4, cpu)
-    assert kernels._launch_config(*args).constexprs[0][-1]  # one segment, float32 outputs
-    assert not kernels._launch_config(*args, exact_outputs=False).constexprs[0][-1]  # bfloat16 outputs: gather
-    split = kernels._launch_config(spec.VTRACE, 1, 1 << 16, False, True, 4, cpu)
-    assert split.n_seg > 1 and not split.constexprs[2][-1]  # split time: gather
-    assert not kernels._launch_config(spec.GAE, 1024, 1024, False, True, 2, cpu).constexprs[0][-1]
+
+    def read_back(algo, R, T, **kw):
+        config = kernels._launch_config(algo, R, T, False, True, 4, cpu, **kw)
+        return config.constexprs[2 if config.n_seg > 1 else 0][-1]
+
+    assert read_back(spec.VTRACE, 1024, 1024)  # one segment, float32 outputs
+    assert kernels._launch_config(spec.VTRACE, 128, 4096, False, True, 4, cpu).block_t == 4096  # whole rows
+    assert not read_back(spec.VTRACE, 1024, 1024, exact_outputs=False)  # bfloat16 outputs: the gather
+    assert not read_back(spec.VTRACE, 1, 1 << 16)  # split time: the gather
+    assert not read_back(spec.VTRACE, 4096, 128) and read_back(spec.VTRACE, 16384, 16)  # many rows: short ones only
+    assert not read_back(spec.GAE, 1024, 1024)

@@ -87,7 +87,7 @@ def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = Tr
     max_warps = 8  # one warp per 128 elements, up to 8
     target = 2 * _multiprocessors(device)
     tile = TILE
-    if _cdiv(R, TILE // 128) >= 4 * _multiprocessors(device):
+    if _many_rows(R, device):
         if reverse and not gather and block_t >= 256:
             # one row per program, of one warp; two where four or more inputs stream in (sweeps)
             block_t, max_warps, tile = 256, 2 if streams >= 4 else 1, 256
@@ -120,6 +120,21 @@ def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = Tr
     return block_r, block_t, n_seg, seg_chunks, num_warps, seg_block
 
 
+def _many_rows(R: int, device: torch.device) -> bool:
+    """Rows enough for four programs of 4 rows per multiprocessor: the plan's short-chunk regime."""
+    return _cdiv(R, TILE // 128) >= 4 * _multiprocessors(device)
+
+
+def _prev_from_outputs(algo: spec.Algorithm, R: int, T: int, device: torch.device, exact_outputs: bool) -> bool:
+    """Whether an epilogue that reads y one step back reads it from its outputs (PREV_MEM): where
+    its STORE can and the outputs hold the accumulation dtype, except for many rows of more than
+    32 steps, whose 128-step chunks of one warp per row gather within the warp (H200, V-trace:
+    3.62 against 3.49 us at 4096x128 and 55.4 against 54.1 at 16384x512 read back; 5.9 against
+    11.3 at 1024x1024, 2.6 against 2.8 at 16384x16)."""
+    return algo.need_prev and exact_outputs and algo.name in PREV_FROM_OUTPUTS and not (
+        _many_rows(R, device) and T > 32)
+
+
 _launches: dict = {}
 
 
@@ -148,7 +163,7 @@ def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: b
         build, init, store = PARTS[algo.name]
         need_prev = algo.need_prev
         # y one step back read from the outputs (PREV_MEM) where the epilogue can, in one segment
-        prev_mem = bool(_forced.get("prev_mem", need_prev and exact_outputs and algo.name in PREV_FROM_OUTPUTS))
+        prev_mem = bool(_forced.get("prev_mem", _prev_from_outputs(algo, R, T, device, exact_outputs)))
         planned = plan(R, T, acc64, device, reverse, need_prev, streams, algo.pair, prev_mem)
         if prev_mem and planned[2] > 1:
             prev_mem = False
