@@ -121,7 +121,12 @@ def device_us(fn, calls=20, reps=9):
     eager = fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    stream = torch.cuda.Stream()
+    # the outer context restores the current stream even where the capture fails (a call that
+    # synchronises): torch.cuda.graph's own exit skips that when capture_end raises, and the rest
+    # of the run would then run on the capture stream, unordered with work on the legacy default
+    # stream (PufferLib's kernel)
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         for _ in range(calls):
             outs = fn()
     outs = [o for o in (outs if isinstance(outs, (tuple, list)) else (outs,)) if isinstance(o, torch.Tensor)]
