@@ -1,7 +1,10 @@
 """TRL's PPO step (transcribed below) against rl_triton.integrations.trl: compute_advantages for
 the GAE loop, the returns, the whitening and the fill; whiten_rewards for the reward whitening.
 Inputs are built as TRL builds them: responses truncated at the stop token, the padding masks,
-values and log-probs filled, the score at the first padding token."""
+values and log-probs filled, the score at the first padding token. The tests marked ``framework``
+run against the real TRL 1.12.0 (.ci/run's frameworks stage installs it): TRL's own block of
+PPOTrainer.train in float32 and float64, the transcriptions against TRL's functions, and
+docs/trl.md's diff applied to the real trainer's source."""
 
 from __future__ import annotations
 
