@@ -176,6 +176,16 @@ PADDED_GAE = Algorithm(
      *_f2("gamma", "lmbda")),
     ("advantages", "value_targets"), reverse=True, carry="A[T]")
 
+# V-trace's advantage vs - v on arrival-aligned rows (PufferLib's buffers): rewards[t] and done[t]
+# arrive with observation t, so step t reads rewards[t+1], done[t+1] and values[t+1]; the ratio is
+# given, not its logarithms; the last column has no step of its own (the scan passes the carry
+# through it) and is stored only where write_last is nonzero (a number, 0 or 1)
+ARRIVAL_GAE = Algorithm(
+    "arrival_gae",
+    (*_f2("rewards", "values"), Arg("carry", "f1"), *_f2("ratio"), Arg("done", "u2"), *_f2("gamma", "lmbda"),
+     Arg("rho_bar", "s"), Arg("c_bar", "s"), Arg("write_last", "s")),
+    ("advantages",), reverse=True, carry="A[T-1], the last observation's advantage")
+
 ELIGIBILITY_TRACE = Algorithm(
     "eligibility_trace",
     (*_f2("x"), Arg("done", "u2"), Arg("carry", "f1"), *_f2("gamma", "lmbda")),
@@ -187,4 +197,4 @@ AFFINE_SCAN = Algorithm(
     ("y",), reverse=None, carry="y beyond the edge where the scan starts")
 
 ALGORITHMS = {a.name: a for a in (GAE, TD_LAMBDA_RETURN, DISCOUNTED_RETURN, VTRACE, RETRACE, ELIGIBILITY_TRACE,
-                                  AFFINE_SCAN, MASKED_GAE, PADDED_GAE)}
+                                  AFFINE_SCAN, MASKED_GAE, PADDED_GAE, ARRIVAL_GAE)}

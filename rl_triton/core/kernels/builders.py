@@ -36,6 +36,7 @@ ELIGIBILITY_TRACE = _positions(spec.ELIGIBILITY_TRACE)
 AFFINE_SCAN = _positions(spec.AFFINE_SCAN)
 MASKED_GAE = _positions(spec.MASKED_GAE)
 PADDED_GAE = _positions(spec.PADDED_GAE)
+ARRIVAL_GAE = _positions(spec.ARRIVAL_GAE)
 CARRY = tl.constexpr(spec.CARRY)  # the carry argument
 
 
@@ -57,6 +58,7 @@ _td_lambda_return = _jit_shared(C.td_lambda_return)
 _discounted_return = _jit_shared(C.discounted_return)
 _vtrace = _jit_shared(C.vtrace)
 _vtrace_pg = _jit_shared(C.vtrace_pg)
+_arrival_gae = _jit_shared(C.arrival_gae)
 _retrace = _jit_shared(C.retrace)
 
 
@@ -251,6 +253,28 @@ def vtrace_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr)
             after = nv
         vs_next = tl.where(ndone == 0, nv, y_prev + tl.where(last, after, inner))
     store(outs[VTRACE.pg_advantages], rows, t, mask, _vtrace_pg(r, v, vs_next, nterm, g, rho_pg))
+
+
+@triton.jit
+def arrival_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
+    # step t < T-1 reads the reward, the flag and the value of observation t+1; the last column
+    # has no step: (alpha, beta) = (0, 1) passes the carry through it
+    I = ARRIVAL_GAE
+    last = (t == T - 1)[None, :]
+    inner = mask & ~last
+    ratio = tl.zeros((rows.shape[0], t.shape[0]), ACC) + coef(ins[I.ratio], rows, t, mask, ACC)
+    ndone = _not(load_flag(ins[I.done], rows, t + 1, inner), ACC)
+    alpha, beta = _arrival_gae(load(ins[I.rewards], rows, t + 1, inner, ACC), load(ins[I.values], rows, t, mask, ACC),
+                               load(ins[I.values], rows, t + 1, inner, ACC), ndone, coef(ins[I.gamma], rows, t, mask, ACC),
+                               coef(ins[I.lmbda], rows, t, mask, ACC), _clip(ratio, ins[I.rho_bar]),
+                               _clip(ratio, ins[I.c_bar]))
+    return tl.where(last, 0.0, alpha), tl.where(last, 1.0, beta), 0
+
+
+@triton.jit
+def arrival_gae_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
+    # the last column only where write_last is set (PufferLib leaves it as it was)
+    store(outs[ARRIVAL_GAE.advantages], rows, t, mask & ((t < T - 1)[None, :] | (ins[ARRIVAL_GAE.write_last] != 0)), y)
 
 
 @triton.jit
