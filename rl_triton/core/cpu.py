@@ -363,7 +363,7 @@ def vtrace(rewards, values, carry, next_values, bootstrap_value, log_pi, log_mu,
         _edge(edge, i, acc, gain)
 
 
-def arrival_gae(rewards, values, carry, ratio, done, gamma, lmbda, rho_bar, c_bar, write_last, advantages, edge):
+def arrival_gae(rewards, values, done, ratio, gamma, lmbda, carry, rho_bar, c_bar, write_last, advantages, edge):
     R, T = rewards.shape
     for i in prange(R):
         acc = carry[i] * 1.0

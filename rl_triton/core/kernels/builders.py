@@ -259,22 +259,29 @@ def vtrace_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr)
 def arrival_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     # step t < T-1 reads the reward, the flag and the value of observation t+1; the last column
     # has no step: (alpha, beta) = (0, 1) passes the carry through it
-    I = ARRIVAL_GAE
     last = (t == T - 1)[None, :]
     inner = mask & ~last
-    ratio = tl.zeros((rows.shape[0], t.shape[0]), ACC) + coef(ins[I.ratio], rows, t, mask, ACC)
-    ndone = _not(load_flag(ins[I.done], rows, t + 1, inner), ACC)
-    alpha, beta = _arrival_gae(load(ins[I.rewards], rows, t + 1, inner, ACC), load(ins[I.values], rows, t, mask, ACC),
-                               load(ins[I.values], rows, t + 1, inner, ACC), ndone, coef(ins[I.gamma], rows, t, mask, ACC),
-                               coef(ins[I.lmbda], rows, t, mask, ACC), _clip(ratio, ins[I.rho_bar]),
-                               _clip(ratio, ins[I.c_bar]))
+    ratio = tl.zeros((rows.shape[0], t.shape[0]), ACC) + coef(ins[ARRIVAL_GAE.ratio], rows, t, mask, ACC)
+    r_next = load(ins[ARRIVAL_GAE.rewards], rows, t + 1, inner, ACC)
+    v_next = load(ins[ARRIVAL_GAE.values], rows, t + 1, inner, ACC)
+    ndone = _not(load_flag(ins[ARRIVAL_GAE.done], rows, t + 1, inner), ACC)
+    g = coef(ins[ARRIVAL_GAE.gamma], rows, t, mask, ACC)
+    l = coef(ins[ARRIVAL_GAE.lmbda], rows, t, mask, ACC)
+    alpha, beta = _arrival_gae(r_next, load(ins[ARRIVAL_GAE.values], rows, t, mask, ACC), v_next, ndone, g, l,
+                               _clip(ratio, ins[ARRIVAL_GAE.rho_bar]), _clip(ratio, ins[ARRIVAL_GAE.c_bar]))
     return tl.where(last, 0.0, alpha), tl.where(last, 1.0, beta), 0
+
+
+@triton.jit
+def arrival_gae_init(ins, rows, rmask, T, ACC: tl.constexpr):
+    return load_row(ins[ARRIVAL_GAE.carry], rows, rmask, ACC)
 
 
 @triton.jit
 def arrival_gae_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
     # the last column only where write_last is set (PufferLib leaves it as it was)
-    store(outs[ARRIVAL_GAE.advantages], rows, t, mask & ((t < T - 1)[None, :] | (ins[ARRIVAL_GAE.write_last] != 0)), y)
+    keep = mask & ((t < T - 1)[None, :] | (ins[ARRIVAL_GAE.write_last] != 0))
+    store(outs[ARRIVAL_GAE.advantages], rows, t, keep, y)
 
 
 @triton.jit
