@@ -29,9 +29,11 @@ def _close(got, want, dtype):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("clips", CLIPS)
 def test_matches_oracle(backend, variant, dtype, clips):
-    shapes = [(3, 1), (4, 2), (5, 17)] if backend == "triton" else [(3, 1), (4, 2), (6, 40), (2, 129)]
+    # the interpreter is slow: two shapes and one layout per case (the other layout with clips 0.8, 1.3)
+    shapes = [(3, 1), (5, 17)] if backend == "triton" else [(3, 1), (4, 2), (6, 40), (2, 129)]
+    layouts = (-1, 0) if backend != "triton" or clips == CLIPS[1] else (-1,)
     for seed, shape in enumerate(shapes):
-        for time_dim in (-1, 0):
+        for time_dim in layouts:
             p = make("arrival_gae", shape if time_dim == -1 else shape[::-1], variant, dtype=dtype, seed=seed,
                      time_dim=time_dim, p_term=0.2, rho_bar=clips[0], c_bar=clips[1], gamma=0.97, lmbda=0.9)
             (got,), (want,) = p.call(backend), p.expected()
