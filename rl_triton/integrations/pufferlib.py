@@ -45,7 +45,8 @@ import torch
 from .. import arrival_gae
 from ._patching import PatchState
 
-__all__ = ["PUFFERLIB_VERSION", "compute_puff_advantage", "is_patched", "patch", "patched", "unpatch"]
+__all__ = ["DtypeError", "InputError", "PUFFERLIB_VERSION", "compute_puff_advantage", "is_patched", "patch", "patched",
+           "unpatch"]
 
 PUFFERLIB_VERSION = "3.0.0"  # the release read for this module
 _PUFFERL = "pufferlib.pufferl"
