@@ -24,10 +24,13 @@ def _close(got, want, dtype):
     np.testing.assert_allclose(got.double().numpy(), want, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("variant", ["ratio+done", "done", "ratio", "plain"])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("clips", CLIPS)
+# the interpreter is slow: the Triton backend runs the ratio+done and plain variants with finite clips
+CASES = [(backend, variant, dtype, clips) for backend in BACKENDS for variant in ("ratio+done", "done", "ratio", "plain")
+         for dtype in (torch.float64, torch.float32) for clips in CLIPS
+         if backend != "triton" or (variant in ("ratio+done", "plain") and clips != CLIPS[2])]
+
+
+@pytest.mark.parametrize("backend,variant,dtype,clips", CASES)
 def test_matches_oracle(backend, variant, dtype, clips):
     # the interpreter is slow: two shapes and one layout per case (the other layout with clips 0.8, 1.3)
     shapes = [(3, 1), (5, 17)] if backend == "triton" else [(3, 1), (4, 2), (6, 40), (2, 129)]
@@ -66,7 +69,7 @@ def test_write_last_false_with_out_aliasing_an_input(backend):
     np.testing.assert_allclose(rewards[:, :-1].numpy(), want[:, :-1], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 def test_ratio_one_is_gae_on_the_shifted_views(backend):
     """At ratio 1 with clips >= 1 the row is GAE over its T-1 transitions: rewards and flags of
     observations 1..T-1, values of 0..T-2, V(s_T) = the last value."""
