@@ -29,7 +29,6 @@ PufferLib's first call of an epoch).
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 
 import numpy as np
@@ -41,6 +40,7 @@ import rl_triton as rt  # noqa: E402
 import rl_triton.integrations.pufferlib as rt_puffer  # noqa: E402
 from common import parser, spread  # noqa: E402
 from peers import load_external_peers  # noqa: E402
+from run import _full_call_round as full_call_round  # noqa: E402
 from rl_triton.testing import oracle  # noqa: E402
 
 # this file has PufferLib's package name: with its neighbours imported, its folder leaves sys.path,
@@ -103,16 +103,6 @@ def kernel_us(fn, calls=50) -> float:
     return total / calls
 
 
-def _full_call(fn) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3
-
-
 def full_calls(impls: dict, rounds: int, calls: int = 25) -> dict:
     """Per implementation, the median full call of ``calls`` calls in each round; the
     implementations take turns, the order rotating from round to round."""
@@ -123,7 +113,7 @@ def full_calls(impls: dict, rounds: int, calls: int = 25) -> dict:
     out = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            out[name].append(statistics.median(_full_call(impls[name]) for _ in range(calls)))
+            out[name].append(full_call_round(impls[name], calls))
     return out
 
 
