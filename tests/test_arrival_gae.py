@@ -26,7 +26,8 @@ def _close(got, want, dtype):
 
 # the interpreter is slow: the Triton backend runs the ratio+done and plain variants with finite clips
 CASES = [(backend, variant, dtype, clips) for backend in BACKENDS
-         for variant in ("ratio+done", "done", "ratio", "plain") for dtype in (torch.float64, torch.float32) for clips in CLIPS
+         for variant in ("ratio+done", "done", "ratio", "plain")
+         for dtype in (torch.float64, torch.float32) for clips in CLIPS
          if backend != "triton" or (variant in ("ratio+done", "plain") and clips != CLIPS[2])]
 
 
