@@ -67,6 +67,12 @@ def _calls(rt, torch, R, T, dtype, g):
         "gae_mask_skip_edge_map": _chunk(torch, R, 5, lambda: rt.gae(r, v, mask=~term, **kw)),
         "gae_mask_pad_edge_map": _chunk(torch, R, 2, lambda: rt.gae(r, v, mask=~term, mask_mode="pad",
                                                                     bootstrap_value=boot, **kw)),
+        # PufferLib's advantage: float flags, the ratio, the last column left alone (or a ratio of 1)
+        "arrival_gae": lambda: rt.arrival_gae(r, v, ratio=x().exp(), done=done.to(dtype), write_last=False,
+                                              out=torch.zeros_like(r), **kw),
+        "arrival_gae_plain": lambda: rt.arrival_gae(r, v, done=done, **kw),
+        "arrival_gae_no_flags": lambda: rt.arrival_gae(r, v, ratio=x().exp(), gamma=x() * 0 + 0.9, **kw),
+        "arrival_gae_gamma": lambda: rt.arrival_gae(r, v, done=done, lmbda=x() * 0 + 0.9, **kw),
     }
 
 

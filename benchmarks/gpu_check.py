@@ -45,6 +45,7 @@ ALGOS = {
     "cumsum": ("episodic_cumsum", "done+initial"),
     "scan_reverse": ("affine_scan", "reverse"),
     "scan_forward": ("affine_scan", "forward"),
+    "arrival": ("arrival_gae", "ratio+done"),  # PufferLib's rows: rewards and dones read at t+1, the ratio
 }
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float64: 1e-9}
 GAMMA, LMBDA, TRACE_LMBDA = 0.99, 0.95, 0.9

@@ -1,10 +1,11 @@
 """rl_triton: reinforcement-learning credit assignment at memory-bandwidth speed.
 
-Seven estimators and the generic affine scan behind them, each one fused scan on the
+Eight estimators and the generic affine scan behind them, each one fused scan on the
 best backend for the tensors' device (Triton on CUDA, numba on CPU, plain torch otherwise).
 """
 
 from .core.estimators import (
+    arrival_gae,
     discounted_return,
     eligibility_trace,
     episodic_cumsum,
@@ -18,6 +19,7 @@ from .core.scan import affine_scan
 from .core.whiten import masked_moments, masked_whiten
 
 __all__ = [
+    "arrival_gae",
     "affine_scan",
     "discounted_return",
     "eligibility_trace",

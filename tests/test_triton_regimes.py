@@ -36,6 +36,7 @@ ALGOS = {
     "episodic_cumsum": ("episodic_cumsum", "done+initial", {}),
     "affine_scan_reverse": ("affine_scan", "reverse", {}),
     "affine_scan_forward": ("affine_scan", "forward", {}),
+    "arrival_gae": ("arrival_gae", "ratio+done", dict(rho_bar=0.9, c_bar=1.2)),
 }
 
 

@@ -47,6 +47,12 @@ def vtrace(r, v, nv, nterm, ndone, g, rho, c):
     return rho * (r + where(nterm == 0, 0.0, g * nterm * nv) - v), where(ndone == 0, 0.0, g * ndone * c)
 
 
+def arrival_gae(r, v, nv, ndone, g, l, rho, c):
+    """One step of V-trace's advantage on arrival-aligned rows (r, ndone of the next observation,
+    nv its value): delta = rho*(r + g*(1-done)*nv - v), beta = g*l*c*(1-done)."""
+    return rho * (r + where(ndone == 0, 0.0, g * nv) - v), where(ndone == 0, 0.0, g * l * c)
+
+
 def vtrace_pg(r, v, vs_next, nterm, g, rho_pg):
     """Policy-gradient advantage rho_pg*(r + g*(1-term)*vs_next - v)."""
     return rho_pg * (r + where(nterm == 0, 0.0, g * nterm * vs_next) - v)

@@ -81,6 +81,7 @@ def _bind(numba):
     _c_vtrace = _shared(C.vtrace)
     _c_vtrace_pg = _shared(C.vtrace_pg)
     _c_retrace = _shared(C.retrace)
+    _c_arrival_gae = _shared(C.arrival_gae)
 
     # helpers take scalars: passing arrays into a call in the loop costs reference counting.
     # Kernels pass gamma as ``gamma[i, t] * 1.0`` so that products like gamma * lambda are formed
@@ -408,6 +409,23 @@ def vtrace(rewards, values, carry, next_values, bootstrap_value, log_pi, log_mu,
             gain = _gain(gain, b)
             vs_next = acc + values[i, t]
             vs[i, t] = vs_next
+        _edge(edge, i, acc, gain)
+
+
+def arrival_gae(rewards, values, done, ratio, gamma, lmbda, carry, rho_bar, c_bar, write_last, advantages, edge):
+    R, T = rewards.shape
+    for i in prange(R):
+        acc = carry[i] * 1.0
+        gain = 1.0
+        if write_last != 0 and T > 0:  # the last column has no step: the carry passes through it
+            advantages[i, T - 1] = acc
+        for t in range(T - 2, -1, -1):
+            x = ratio[i, t] * 1.0
+            a, b = _c_arrival_gae(rewards[i, t + 1], values[i, t], values[i, t + 1], _not(done[i, t + 1]),
+                                  gamma[i, t] * 1.0, lmbda[i, t], _clip(x, rho_bar), _clip(x, c_bar))
+            acc = _c_step(a, b, acc)
+            gain = _gain(gain, b)
+            advantages[i, t] = acc
         _edge(edge, i, acc, gain)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import coefficients as C
-from . import inputs, packed, plans, scan, sharded, spec
+from . import inputs, launch, packed, plans, scan, sharded, spec
 from .call import TRUNCATION_HELP, Call
 from .whiten import WHITEN_OPTIONS, check_whiten_options, masked_whiten
 
@@ -354,3 +354,59 @@ def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None, ou
     if cu_seqlens is not None or max_seqlen is not None:
         return packed.run(episodic_cumsum, locals(), reverse=False)
     return _eligibility_trace(x, done, [("gamma", 1.0), ("lmbda", 1.0)], initial, time_dim, backend, out)
+
+
+@plans.cached
+def arrival_gae(rewards, values, *, ratio=None, done=None, gamma=0.99, lmbda=0.95, rho_bar=1.0, c_bar=1.0,
+                write_last=True, time_dim=-1, backend=None, out=None):
+    """GAE with clipped importance weights on arrival-aligned rows (PufferLib's advantage).
+
+    ``rewards[t]`` and ``done[t]`` arrive with observation t, so the step from observation t
+    reads those of observation t+1 (docs/semantics.md, section 6.9). For t < T-1:
+
+    rho[t] = min(rho_bar, ratio[t]), c[t] = min(c_bar, ratio[t])
+    delta[t] = rho[t]*(r[t+1] + gamma*(1-done[t+1])*v[t+1] - v[t])
+    A[t] = delta[t] + gamma*lmbda*c[t]*(1-done[t+1])*A[t+1],  A[T-1] = 0
+
+    ``ratio=None`` is 1 (plain GAE). The last observation has no step in the row: its advantage
+    is 0, and with ``write_last=False`` (only with ``out=``) that column of ``out`` is left as
+    it was. Returns ``advantages``.
+    """
+    c = Call(rewards, "rewards", time_dim)
+    c.value(values, "values")
+    c.value(ratio, "ratio", optional=True)
+    c.flags(None, None, done)
+    g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
+    rho_bar = inputs.check_threshold(rho_bar, "rho_bar")
+    c_bar = inputs.check_threshold(c_bar, "c_bar")
+    if not isinstance(write_last, bool):
+        raise TypeError(f"write_last must be a bool, got {type(write_last).__name__}")
+    if not write_last and out is None:
+        raise ValueError("write_last=False leaves the last column of out= as it was; pass out=")
+    fused = c.start(backend, out, 1)
+    if c.empty:
+        return c.empty_outputs()
+    # the kernels leave the column alone; a result that goes through a buffer or the composed
+    # path would not, so there the column is kept and put back
+    keep = None
+    if not write_last and not (fused and not any(c.aliased) and c.rows.output(out)[1] is not None
+                               and launch.output_dtype(c.backend, c.cd, c.rows.dtype) == c.rows.dtype):
+        keep = out.select(c.rows.tdim, -1).clone()
+    if fused:
+        result = c.run_fused(spec.ARRIVAL_GAE, rewards=c.r(rewards), values=c.r(values),
+                             ratio=1.0 if ratio is None else c.r(ratio), done=c.r(c.done), gamma=c.r(g), lmbda=c.r(l),
+                             rho_bar=rho_bar, c_bar=c_bar, write_last=float(write_last))
+    else:
+        r, v = c.f(rewards), c.f(values)
+        x = 1.0 if ratio is None else c.f(ratio)
+        ones = torch.ones_like(v)
+        x = x * ones
+        _, ndone = c.composed_flags()
+        alpha, beta = C.arrival_gae(r[:, 1:], v[:, :-1], v[:, 1:], ndone[:, 1:], (c.f(g) * ones)[:, :-1],
+                                    (c.f(l) * ones)[:, :-1], x[:, :-1].clamp(max=rho_bar), x[:, :-1].clamp(max=c_bar))
+        alpha = torch.cat([alpha, v.new_zeros(v.shape[0], 1)], 1)
+        beta = torch.cat([beta, v.new_ones(v.shape[0], 1)], 1)
+        result = c.results([scan.call_scan(c, alpha, beta, c.f_row(None), True)])
+    if keep is not None:
+        out.select(c.rows.tdim, -1).copy_(keep)
+    return result

@@ -81,10 +81,11 @@ class Algorithm:
     """A fused algorithm: ``args`` in kernel order, ``outputs``, and ``reverse`` (the scan runs
     backwards in time; None: the ``reverse`` argument says). ``need_prev``: the Triton epilogue
     reads y one step earlier in scan order. ``pair``: the scan carries two values (the engine's
-    two-state scan)."""
+    two-state scan). ``own_init``: the Triton INIT reads the carry by name, which then need not
+    stand at ``CARRY``."""
 
     def __init__(self, name: str, args, outputs, *, reverse, carry: str, need_prev: bool = False,
-                 pair: bool = False, hands: str = ""):
+                 pair: bool = False, hands: str = "", own_init: bool = False):
         self.name = name
         self.carry = carry  # what the carry stands for (docs)
         self.hands = hands  # what the kernel hands on at the ending edge, where not the scan value
@@ -104,7 +105,7 @@ class Algorithm:
         # float tensors read per step (the launch plan counts those present)
         self.streams = tuple(i for i, k in enumerate(self.kinds) if k in ("f2", "f3"))
         self.has_flags = "terminated" in self.names
-        if "mask" not in self.names and self.names.index("carry") != CARRY:
+        if "mask" not in self.names and not own_init and self.names.index("carry") != CARRY:
             raise ValueError(f"{name}: the carry argument must stand at position {CARRY}")
         if self.has_flags:
             first = self.names.index("terminated")
@@ -176,6 +177,18 @@ PADDED_GAE = Algorithm(
      *_f2("gamma", "lmbda")),
     ("advantages", "value_targets"), reverse=True, carry="A[T]")
 
+# V-trace's advantage vs - v on arrival-aligned rows (PufferLib's buffers): rewards[t] and done[t]
+# arrive with observation t, so step t reads rewards[t+1], done[t+1] and values[t+1]; the ratio is
+# given, not its logarithms; the last column has no step of its own (the scan passes the carry
+# through it) and is stored only where write_last is nonzero (a number, 0 or 1). The carry comes
+# after the tensors, and INIT reads it by name: triton 3.6 misreads a tensor after an absent carry
+# here (benchmarks/engine_ptx.py compiles the forms in use)
+ARRIVAL_GAE = Algorithm(
+    "arrival_gae",
+    (*_f2("rewards", "values"), Arg("done", "u2"), *_f2("ratio", "gamma", "lmbda"), Arg("carry", "f1"),
+     Arg("rho_bar", "s"), Arg("c_bar", "s"), Arg("write_last", "s")),
+    ("advantages",), reverse=True, carry="A[T-1], the last observation's advantage", own_init=True)
+
 ELIGIBILITY_TRACE = Algorithm(
     "eligibility_trace",
     (*_f2("x"), Arg("done", "u2"), Arg("carry", "f1"), *_f2("gamma", "lmbda")),
@@ -187,4 +200,4 @@ AFFINE_SCAN = Algorithm(
     ("y",), reverse=None, carry="y beyond the edge where the scan starts")
 
 ALGORITHMS = {a.name: a for a in (GAE, TD_LAMBDA_RETURN, DISCOUNTED_RETURN, VTRACE, RETRACE, ELIGIBILITY_TRACE,
-                                  AFFINE_SCAN, MASKED_GAE, PADDED_GAE)}
+                                  AFFINE_SCAN, MASKED_GAE, PADDED_GAE, ARRIVAL_GAE)}

@@ -19,6 +19,7 @@ has the same API.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from typing import Any, Optional
 
@@ -39,6 +40,7 @@ __all__ = [
     "hyperparameter",
     "make",
     "reference",
+    "takes",
     "to_rows",
 ]
 
@@ -52,6 +54,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "eligibility_trace": dict(gamma=0.99, lmbda=1.0),
     "episodic_cumsum": dict(),
     "affine_scan": dict(reverse=True),
+    "arrival_gae": dict(gamma=0.99, lmbda=0.95, rho_bar=1.0, c_bar=1.0),
 }
 
 # the positional tensors of each function; make() draws each by its name (_Draw.tensor)
@@ -64,6 +67,7 @@ POSITIONAL: dict[str, tuple[str, ...]] = {
     "eligibility_trace": ("x",),
     "episodic_cumsum": ("x",),
     "affine_scan": ("alpha", "beta"),
+    "arrival_gae": ("rewards", "values"),
 }
 
 # variant -> the keyword arguments make() draws for it, by name; a flag may name its dtype
@@ -123,7 +127,19 @@ VARIANTS: dict[str, dict[str, str]] = {
         "forward": "reverse=False initial",
         "plain": "",
     },
+    "arrival_gae": {
+        "ratio+done": "ratio done:float32",
+        "done": "done",
+        "ratio": "ratio",
+        "plain": "",
+    },
 }
+
+
+def takes(fn: str, keyword: str) -> bool:
+    """Whether ``rl_triton.<fn>`` takes ``keyword`` (``arrival_gae`` takes no ``group`` or
+    ``cu_seqlens``)."""
+    return keyword in inspect.signature(getattr(rl_triton, fn)).parameters
 
 _PER_ROW = ("bootstrap_value", "initial", "last_done")  # the rewards' shape without the time dim
 _PER_ACTION = ("next_pi", "next_q")  # the rewards' shape + (A,)
@@ -284,6 +300,10 @@ def reference(fn: str, args, kwargs) -> tuple:
                                             initial))
     if fn == "episodic_cumsum":
         return out(oracle.episodic_cumsum(rows(args[0]), done, initial))
+    if fn == "arrival_gae":
+        ratio = rows(np.ones(())) if kw.get("ratio") is None else rows(kw["ratio"])
+        return out(oracle.arrival_gae(rows(args[0]), rows(args[1]), ratio, done, coefficient("gamma"),
+                                      coefficient("lmbda"), clip("rho_bar"), clip("c_bar")))
     if fn == "affine_scan":
         return out(oracle.affine_scan(rows(args[0]), rows(args[1]), reverse=kw["reverse"], initial=initial))
     raise KeyError(fn)
@@ -488,6 +508,8 @@ class _Draw:
         """A tensor argument, drawn by its name."""
         if name in ("log_pi", "log_mu"):
             return self._tensor(self.normal(0.3))
+        if name == "ratio":  # importance ratios far from 1 on both sides of the clips
+            return self._tensor(np.exp(self.normal(0.7)))
         if name == "beta":  # decays in [0.9, 1), cut to 0 at 2% of the steps
             return self._tensor(self.uniform(0.9, 1.0) * ~self.bernoulli(0.02))
         if name == "gamma":

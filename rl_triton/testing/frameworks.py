@@ -88,3 +88,23 @@ def verl_grpo(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_
             else:
                 scores[i] = scores[i] - id2mean[index[i]]
         return scores.unsqueeze(-1) * response_mask
+
+
+def pufferlib_advantage(values, rewards, dones, importance, advantages, gamma, lam, rho_clip, c_clip):
+    """pufferlib 3.0.0, pufferlib/extensions/pufferlib.cpp, puff_advantage_row (the CPU twin of
+    its CUDA kernel): the loop over t = horizon-2 .. 0, here vectorised over rows, in the
+    tensors' dtype with the scalars rounded to it (the op's parameters are C floats). fminf keeps
+    the number where the other operand is NaN (torch.fmin). ``advantages[:, -1]`` is not
+    written. Returns ``advantages``, written in place."""
+    dt = values.dtype
+    gamma, lam, rho_clip, c_clip = (torch.tensor(x, dtype=dt) for x in (gamma, lam, rho_clip, c_clip))
+    lastpufferlam = torch.zeros(values.shape[0], dtype=dt, device=values.device)
+    for t in range(values.shape[1] - 2, -1, -1):
+        t_next = t + 1
+        nextnonterminal = 1.0 - dones[:, t_next]
+        rho_t = torch.fmin(importance[:, t], rho_clip)
+        c_t = torch.fmin(importance[:, t], c_clip)
+        delta = rho_t * (rewards[:, t_next] + gamma * values[:, t_next] * nextnonterminal - values[:, t])
+        lastpufferlam = delta + gamma * lam * c_t * lastpufferlam * nextnonterminal
+        advantages[:, t] = lastpufferlam
+    return advantages

@@ -28,6 +28,7 @@ import numpy as np
 
 __all__ = [
     "affine_scan",
+    "arrival_gae",
     "discounted_return",
     "eligibility_trace",
     "episodic_cumsum",
@@ -259,6 +260,34 @@ def vtrace(rewards, values, next_values, log_pi, log_mu, term, done, gamma, lmbd
                 vs_next = nv[i, t]
             pg[i, t] = rho_pg * (r[i, t] + g[i, t] * vs_next - v[i, t])
     return vs, pg
+
+
+@_ieee
+def arrival_gae(rewards, values, ratio, done, gamma, lmbda, rho_bar, c_bar):
+    """GAE with clipped importance weights on arrival-aligned rows (semantics section 6.9):
+    the step from observation t has the reward and the flag that arrive with observation t+1.
+
+    rho = min(rho_bar, ratio[t]); c = min(c_bar, ratio[t])
+    A[t] = rho (r[t+1] - v[t] + (g v[t+1] unless done[t+1]))
+           + (g l c A[t+1] unless done[t+1] or g l c = 0),   t < T-1
+    A[T-1] = 0 (the last observation has no step in the row).
+    """
+    r, v, x, g, lam = map(_f, (rewards, values, ratio, gamma, lmbda))
+    done = _b(done)
+    R, T = r.shape
+    adv = np.zeros((R, T))
+    for i in range(R):
+        for t in reversed(range(T - 1)):
+            rho = _clip(x[i, t], rho_bar)
+            c = _clip(x[i, t], c_bar)
+            if done[i, t + 1]:
+                adv[i, t] = rho * (r[i, t + 1] - v[i, t])
+                continue
+            adv[i, t] = rho * (r[i, t + 1] + g[i, t] * v[i, t + 1] - v[i, t])
+            trace = g[i, t] * lam[i, t] * c
+            if trace != 0:
+                adv[i, t] += trace * adv[i, t + 1]
+    return adv
 
 
 @_ieee

@@ -36,6 +36,7 @@ ELIGIBILITY_TRACE = _positions(spec.ELIGIBILITY_TRACE)
 AFFINE_SCAN = _positions(spec.AFFINE_SCAN)
 MASKED_GAE = _positions(spec.MASKED_GAE)
 PADDED_GAE = _positions(spec.PADDED_GAE)
+ARRIVAL_GAE = _positions(spec.ARRIVAL_GAE)
 CARRY = tl.constexpr(spec.CARRY)  # the carry argument
 
 
@@ -57,6 +58,7 @@ _td_lambda_return = _jit_shared(C.td_lambda_return)
 _discounted_return = _jit_shared(C.discounted_return)
 _vtrace = _jit_shared(C.vtrace)
 _vtrace_pg = _jit_shared(C.vtrace_pg)
+_arrival_gae = _jit_shared(C.arrival_gae)
 _retrace = _jit_shared(C.retrace)
 
 
@@ -270,6 +272,35 @@ def _vtrace_after(ins, rows, t, mask, nv, T, ACC: tl.constexpr):
         return _next_value(None, ins[VTRACE.values], ins[VTRACE.bootstrap_value], rows, t, mask, T, ACC)
     else:
         return nv
+
+
+@triton.jit
+def arrival_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
+    # step t < T-1 reads the reward, the flag and the value of observation t+1; the last column
+    # has no step: (alpha, beta) = (0, 1) passes the carry through it
+    last = (t == T - 1)[None, :]
+    inner = mask & ~last
+    ratio = tl.zeros((rows.shape[0], t.shape[0]), ACC) + coef(ins[ARRIVAL_GAE.ratio], rows, t, mask, ACC)
+    r_next = load(ins[ARRIVAL_GAE.rewards], rows, t + 1, inner, ACC)
+    v_next = load(ins[ARRIVAL_GAE.values], rows, t + 1, inner, ACC)
+    ndone = _not(load_flag(ins[ARRIVAL_GAE.done], rows, t + 1, inner), ACC)
+    g = coef(ins[ARRIVAL_GAE.gamma], rows, t, mask, ACC)
+    l = coef(ins[ARRIVAL_GAE.lmbda], rows, t, mask, ACC)
+    alpha, beta = _arrival_gae(r_next, load(ins[ARRIVAL_GAE.values], rows, t, mask, ACC), v_next, ndone, g, l,
+                               _clip(ratio, ins[ARRIVAL_GAE.rho_bar]), _clip(ratio, ins[ARRIVAL_GAE.c_bar]))
+    return tl.where(last, 0.0, alpha), tl.where(last, 1.0, beta), 0
+
+
+@triton.jit
+def arrival_gae_init(ins, rows, rmask, T, ACC: tl.constexpr):
+    return load_row(ins[ARRIVAL_GAE.carry], rows, rmask, ACC)
+
+
+@triton.jit
+def arrival_gae_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
+    # the last column only where write_last is set (PufferLib leaves it as it was)
+    keep = mask & ((t < T - 1)[None, :] | (ins[ARRIVAL_GAE.write_last] != 0))
+    store(outs[ARRIVAL_GAE.advantages], rows, t, keep, y)
 
 
 @triton.jit
