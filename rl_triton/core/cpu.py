@@ -60,8 +60,8 @@ def _load_numba() -> bool:
 def _bind(numba):
     """Define the numba helpers and bind them, with ``nb`` and ``prange``, as module globals."""
     global nb, prange, _inline, _where, _c_step, _c_gae, _c_masked_gae, _c_td_lambda_return, _c_discounted_return
-    global _c_vtrace, _c_vtrace_pg, _c_retrace, _not, _flags, _clip, _gain, _edge, _masked_step, _valid, _next_value
-    global _all_binary, _implies, _nonzero_bytes
+    global _c_vtrace, _c_vtrace_pg, _c_retrace, _c_arrival_gae, _not, _flags, _clip, _gain, _edge, _masked_step
+    global _valid, _next_value, _all_binary, _implies, _nonzero_bytes
     nb, prange = numba, numba.prange
     _inline = nb.njit(inline="always", cache=True)
 
@@ -157,6 +157,12 @@ def _bind(numba):
     def _nonzero_bytes(a, out):
         for i in range(a.size):
             out[i] = a[i] != 0
+
+    # every helper must be a module global, where the loops (plain functions of this module) find
+    # them; a name left out of the global statements above would stay local to this function
+    local = [name for name in _bind.__code__.co_varnames if name.startswith("_") and name != "_shared"]
+    if local:
+        raise RuntimeError(f"cpu._bind: declare {local} global")
 
 
 def gae(rewards, values, carry, next_values, bootstrap_value, terminated, done, truncated, last_done, gamma, lmbda,
