@@ -101,10 +101,11 @@ def call_counts() -> dict:
 # ---------------------------------------------------------------------------------------------
 
 def _binary_flags(x: np.ndarray):
-    """``x`` as bools, or None where it holds something else than 0/1 (RLlib would scale by it)."""
+    """``x`` as bools, or None where it holds something else than 0/1 (RLlib would scale by it)
+    or is a float narrower than float64 (RLlib's products with it round gamma to its precision)."""
     if x.dtype == np.bool_:
         return x
-    if x.dtype.kind not in "fiu":
+    if x.dtype.kind not in "fiu" or (x.dtype.kind == "f" and x.dtype.itemsize < 8):
         return None
     flags = x != 0
     return flags if np.array_equal(flags, x) else None
