@@ -367,3 +367,32 @@ def test_patch_state_under_concurrent_use():
     assert not concurrent_patch_use(rt_rllib.patched, rt_rllib.patch, rt_rllib.unpatch, _routes_ours, rounds=30)
     assert not rt_rllib.is_patched()
     _assert_original()
+
+
+def test_gpu_benchmark_transcriptions_equal_rllib(monkeypatch):
+    # benchmarks/rllib_gpu.py runs where Ray is not installed, on its copies of RLlib's two loops
+    import importlib.util
+    import os
+
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    monkeypatch.syspath_prepend(folder)
+    path = os.path.join(folder, "rllib_gpu.py")
+    spec = importlib.util.spec_from_file_location("rllib_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for clips in ((1.0, 1.0), (None, 0.5)):
+        kwargs = _vtrace_inputs(20, 5, torch.float32, seed=8)
+        kwargs.update(clip_rho_threshold=clips[0], clip_pg_rho_threshold=clips[1])
+        for a, b in zip(bench.rllib_vtrace(**kwargs), rllib_vtrace(**kwargs)):
+            assert torch.equal(a, b)
+    rng = np.random.default_rng(2)
+    args = (*_flat_batch(rng, *_episode_shape(rng, 30), np.float32), 0.99, 0.95)
+    np.testing.assert_array_equal(bench.rllib_value_targets(*args), rllib_targets(*args))
+    # and its rl_triton calls are the integration's
+    k = _vtrace_inputs(20, 5, torch.float32, seed=9)
+    k.update(clip_rho_threshold=1.0, clip_pg_rho_threshold=1.0)
+    for a, b in zip(bench.rl_triton_vtrace(k), rt_rllib.vtrace_torch(**k)):
+        assert torch.equal(a, b)
+    v, r, te, tr = (torch.from_numpy(x) for x in _flat_batch(rng, *_episode_shape(rng, 30), np.float32))
+    for a, b in zip(bench.rl_triton_gae_step(v, r, te, tr), rt_rllib._targets_and_advantages(v, r, te, tr, 0.99, 0.95)):
+        assert torch.equal(a, b)

@@ -127,14 +127,16 @@ def compute_value_targets(values, rewards, terminateds, truncateds, gamma: float
             or r.dtype.kind not in "fiu" or any(f is None for f in flags) or isinstance(gamma, bool) or isinstance(lambda_, bool)
             or not isinstance(gamma, Real) or not isinstance(lambda_, Real)):
         return _ORIGINAL_TARGETS(values, rewards, terminateds, truncateds, gamma, lambda_)
-    v64 = torch.from_numpy(v.astype(np.float64, copy=False))
-    nv = torch.empty_like(v64)
+    # the float64 copies and the next values in numpy (single-threaded: no torch thread pool for
+    # a few hundred kilobytes)
+    v64 = v.astype(np.float64, copy=False)
+    nv = np.empty_like(v64)
     nv[:-1] = v64[1:]
     nv[-1] = 0.0
     try:
-        adv, _ = _rt_gae(torch.from_numpy(r.astype(np.float64, copy=False)), v64, next_values=nv,
-                         terminated=torch.from_numpy(flags[0]), truncated=torch.from_numpy(flags[1]),
-                         gamma=float(gamma), lmbda=float(lambda_))
+        adv, _ = _rt_gae(torch.from_numpy(r.astype(np.float64, copy=False)), torch.from_numpy(v64),
+                         next_values=torch.from_numpy(nv), terminated=torch.from_numpy(flags[0]),
+                         truncated=torch.from_numpy(flags[1]), gamma=float(gamma), lmbda=float(lambda_))
     except (TypeError, ValueError):  # e.g. gamma outside [0, 1]: RLlib's loop takes it
         return _ORIGINAL_TARGETS(values, rewards, terminateds, truncateds, gamma, lambda_)
     _calls["compute_value_targets"] += 1
