@@ -32,21 +32,7 @@ from ray.rllib.utils.postprocessing.value_predictions import compute_value_targe
 
 import rl_triton.integrations.rllib as rt_rllib  # noqa: E402
 from common import alternate, machine, parser, ratios, spread  # noqa: E402
-
-GAMMA, LAMBDA = 0.99, 0.95
-
-
-def flat_batch(n: int, rng):
-    """RLlib's GAE input of exactly ``n`` steps (the extra timesteps included)."""
-    term, trunc = [], []
-    while len(term) < n:
-        k = int(rng.integers(1, 401))
-        end = rng.random() < 0.5
-        term += [False] * (k - 1) + [end, False]
-        trunc += [False] * (k - 1) + [not end, False]
-    values = rng.normal(size=n).astype(np.float32)
-    rewards = rng.normal(size=n).astype(np.float32)
-    return values, rewards, np.array(term[:n]), np.array(trunc[:n])
+from rllib_gpu import GAMMA, LAMBDA, flat_batch  # noqa: E402
 
 
 def rllib_step(values, rewards, term, trunc):

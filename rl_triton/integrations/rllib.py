@@ -73,6 +73,7 @@ __all__ = [
     "patch",
     "patched",
     "unpatch",
+    "use_fused_gae",
     "vtrace_torch",
 ]
 
