@@ -182,12 +182,12 @@ class GeneralAdvantageEstimation(_gae_connector.GeneralAdvantageEstimation):
 
         if any(rl_module.foreach_module(func=stateful, return_dict=True).values()):
             return super().__call__(rl_module=rl_module, episodes=episodes, batch=batch, **kwargs)
-        values = rl_module.foreach_module(
-            func=lambda mid, module: (module.compute_values(batch[mid])
-                                      if mid in batch and isinstance(module, ValueFunctionAPI) else None),
-            return_dict=True,
-        )
-        with torch.no_grad():
+        with torch.no_grad():  # no graph for the forward pass: its values are data here, as RLlib's numpy copy
+            values = rl_module.foreach_module(
+                func=lambda mid, module: (module.compute_values(batch[mid])
+                                          if mid in batch and isinstance(module, ValueFunctionAPI) else None),
+                return_dict=True,
+            )
             for mid, v in values.items():
                 if v is None:
                     continue
