@@ -80,7 +80,8 @@ def main() -> int:
         ms = {k: spread([1e3 * t for t in v], "{:.3f}") for k, v in times.items()}
         print(f"| {n} | {ms['rllib']} | {ms['ours']} (max {ulps} ulp) | "
               f"{spread(ratios(times['rllib'], times['ours']), unit='x')} | {ms['rllib step']} | "
-              f"{ms['ours step']} (err {err:.0e}) | {spread(ratios(times['rllib step'], times['ours step']), unit='x')} |",
+              f"{ms['ours step']} (err {err:.0e}) | "
+              f"{spread(ratios(times['rllib step'], times['ours step']), unit='x')} |",
               flush=True)
     return 1 if failed else 0
 

@@ -165,8 +165,9 @@ def train(algo: str, args, fast: bool, label: str):
             result = built.train()
             reads = [r.get() for r in built.learner_group.foreach_learner(lambda learner: learner.read_times())]
             runners = result["env_runners"]
-            rows.append((runners.get("num_env_steps_sampled_lifetime", 0), runners.get("episode_return_mean", float("nan")),
-                         result["time_this_iter_s"], sum(r[0] for r in reads)))
+            rows.append((runners.get("num_env_steps_sampled_lifetime", 0),
+                         runners.get("episode_return_mean", float("nan")), result["time_this_iter_s"],
+                         sum(r[0] for r in reads)))
             counts = reads[0][1]
             if bar is not None:
                 bar.set_postfix(return_mean=f"{rows[-1][1]:.1f}", refresh=False)

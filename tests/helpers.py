@@ -730,7 +730,8 @@ def rllib_ray_init(**kwargs) -> None:
 def rllib_remote_ppo_counts(learner_class=None) -> dict:
     """Train a tiny CartPole PPO for one iteration with ``num_learners=1`` (the Learner in its own
     actor process) and return what that Learner process reports: whether the Learner is
-    rl_triton's ``PPOTorchLearner``, whether RLlib is patched there, rl_triton's call counts, and the iteration's mean total loss."""
+    rl_triton's ``PPOTorchLearner``, whether RLlib is patched there, rl_triton's call counts,
+    and the iteration's mean total loss."""
     import rl_triton.integrations.rllib as rt_rllib
     from ray.rllib.algorithms.ppo import PPOConfig
 

@@ -125,8 +125,8 @@ def compute_value_targets(values, rewards, terminateds, truncateds, gamma: float
     v, r = arrays[0], arrays[1]
     flags = [_binary_flags(f) for f in arrays[2:]]
     if (v.ndim != 1 or not v.size or any(a.shape != v.shape for a in arrays) or v.dtype.kind != "f"
-            or r.dtype.kind not in "fiu" or any(f is None for f in flags) or isinstance(gamma, bool) or isinstance(lambda_, bool)
-            or not isinstance(gamma, Real) or not isinstance(lambda_, Real)):
+            or r.dtype.kind not in "fiu" or any(f is None for f in flags)
+            or not all(isinstance(x, Real) and not isinstance(x, bool) for x in (gamma, lambda_))):
         return _ORIGINAL_TARGETS(values, rewards, terminateds, truncateds, gamma, lambda_)
     # the float64 copies and the next values in numpy (single-threaded: no torch thread pool for
     # a few hundred kilobytes)
@@ -238,12 +238,13 @@ def vtrace_torch(*, target_action_log_probs, behaviour_action_log_probs, discoun
     pg[t] = min(rho_bar_pg, ratio[t]) * (r[t] + discounts[t] * vs[t+1] - V[t]),
     V[T] = vs[T] = bootstrap_values; rho_bar / rho_bar_pg = the clip thresholds (None: inf).
     """
-    kwargs = dict(target_action_log_probs=target_action_log_probs, behaviour_action_log_probs=behaviour_action_log_probs,
-                  discounts=discounts, rewards=rewards, values=values, bootstrap_values=bootstrap_values,
+    kwargs = dict(target_action_log_probs=target_action_log_probs,
+                  behaviour_action_log_probs=behaviour_action_log_probs, discounts=discounts, rewards=rewards, values=values, bootstrap_values=bootstrap_values,
                   clip_rho_threshold=clip_rho_threshold, clip_pg_rho_threshold=clip_pg_rho_threshold)
     rho_bar, rho_bar_pg = _clip(clip_rho_threshold), _clip(clip_pg_rho_threshold)
     steps = (target_action_log_probs, behaviour_action_log_probs, discounts, rewards, values)
-    if (rho_bar is None or rho_bar_pg is None or not all(isinstance(x, torch.Tensor) for x in (*steps, bootstrap_values))
+    if (rho_bar is None or rho_bar_pg is None
+            or not all(isinstance(x, torch.Tensor) for x in (*steps, bootstrap_values))
             or values.ndim != 2 or any(x.shape != values.shape for x in steps)
             or bootstrap_values.shape != values.shape[1:]
             or len({x.dtype for x in (*steps, bootstrap_values)}) != 1 or not values.is_floating_point()
