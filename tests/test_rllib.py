@@ -216,6 +216,19 @@ def test_connector_normalisation_floor_of_rllib():
     np.testing.assert_allclose(adv.numpy(), (a - a.mean()) / max(1e-4, a.std()), atol=1e-6)
 
 
+def test_connector_hands_stateful_modules_to_rllibs(ppo_parts, monkeypatch):
+    # RLlib zero-pads a recurrent module's batch per sequence: that batch goes to RLlib's connector
+    module = ppo_parts[2]
+    monkeypatch.setattr(type(module["default_policy"]), "is_stateful", lambda self: True)
+    seen = []
+    monkeypatch.setattr(RLLIB_CONNECTOR, "__call__", lambda self, **kw: seen.append(kw) or kw["batch"])
+    batch = {"default_policy": {}}
+    before = rt_rllib.call_counts()
+    out = rt_rllib.GeneralAdvantageEstimation(gamma=0.99, lambda_=0.95)(rl_module=module, episodes=[], batch=batch)
+    assert out is batch and len(seen) == 1 and seen[0]["batch"] is batch
+    assert rt_rllib.call_counts() == before
+
+
 def test_use_fused_gae_replaces_rllibs_piece_in_place(ppo_parts):
     config, env, _ = ppo_parts
     pipeline = config.build_learner_connector(input_observation_space=env.observation_space,
