@@ -164,7 +164,14 @@ class Problem:
         e = torch.tensor([], dtype=dtype).element_size()
         floats_in, floats_out = {"gae": (2, 2), "td_lambda_return": (2, 1), "discounted_return": (1, 1),
                                  "vtrace": (4, 2), "retrace": (5, 1)}.get(algo, (1, 1))
-        self.nbytes = R * T * ((floats_in + floats_out) * e + 1)
+        self.floats_in, self.element_size = floats_in, e
+        self.nbytes = self.nbytes_with(floats_out)
+
+    def nbytes_with(self, n_outputs: int) -> int:
+        """The fewest bytes of this problem for an implementation that writes ``n_outputs``
+        outputs: every float input read once, one byte of flags per step, every output written
+        once."""
+        return self.R * self.T * ((self.floats_in + n_outputs) * self.element_size + 1)
 
     def call(self, backend=None):
         """rl_triton's call: a tuple of outputs."""
@@ -301,9 +308,19 @@ class Problem:
 
 def max_error(outputs, expected) -> float:
     """Max of |y - ref| / (1 + |ref|) over the rows the oracle covers, for each output given (the
-    first ``len(outputs)`` of the oracle's)."""
+    first ``len(outputs)`` of the oracle's). ``outputs`` is a tuple or list of tensors, or one
+    tensor (the functions of one output return it alone); NaN anywhere gives NaN."""
+    if isinstance(outputs, torch.Tensor):
+        outputs = (outputs,)
+    if not outputs or len(outputs) > len(expected):
+        raise ValueError(f"{len(outputs)} outputs to check against the oracle's {len(expected)}")
     worst = 0.0
     for y, ref in zip(outputs, expected):
+        if tuple(y.shape[1:]) != tuple(ref.shape[1:]) or y.shape[0] < ref.shape[0]:
+            raise ValueError(f"an output of shape {tuple(y.shape)} against the oracle's {ref.shape}")
         y = y[: ref.shape[0]].double().cpu().numpy()
-        worst = max(worst, float(np.max(np.abs(y - ref) / (1.0 + np.abs(ref)))) if ref.size else 0.0)
+        err = float(np.max(np.abs(y - ref) / (1.0 + np.abs(ref)))) if ref.size else 0.0
+        if np.isnan(err):  # max() would drop it
+            return err
+        worst = max(worst, err)
     return worst

@@ -16,8 +16,12 @@ capture). Floors, measured in the same process: device-to-device copy bandwidth 
 and a Triton copy kernel, the faster) applied to the minimum bytes (each input read once, each
 output written once), and the full call and replay of an empty Triton kernel. Peers are in
 benchmarks/peers.py; every implementation is checked against the float64 oracle on the first
-rows before it is timed (a wrong one is marked, not timed). Ratios are peer time / rl_triton
-time from the same run. The torch.compile peers cost two compilations per cell (about 8 s on
+rows before it is timed (a failed or wrong one is marked, not timed; where rl_triton fails or is
+wrong in any cell, the run ends with exit status 1 after the tables). Ratios are peer time /
+rl_triton time from the same run. Each implementation's floor counts the outputs it writes (the
+seed's GAE writes advantages only), and "share of own floor" compares rl_triton's floor /
+device with the peer's. After the per-cell closest peers, one row per peer gives the range of
+its ratios over the cells and how many cells rl_triton is behind. The torch.compile peers cost two compilations per cell (about 8 s on
 the H200 host; all seven algorithms with them take about 14 minutes, over the device's
 10-minute command limit), so by default they run for GAE on the whole grid and for the other
 algorithms at the four shapes where they come closest to GAE (``--compiled-peers``,
@@ -117,7 +121,12 @@ def device_us(fn, calls=20, reps=9):
     eager = fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    stream = torch.cuda.Stream()
+    # the outer context restores the current stream even where the capture fails (a call that
+    # synchronises): torch.cuda.graph's own exit skips that when capture_end raises, and the rest
+    # of the run would then run on the capture stream, unordered with work on the legacy default
+    # stream (PufferLib's kernel)
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         for _ in range(calls):
             outs = fn()
     outs = [o for o in (outs if isinstance(outs, (tuple, list)) else (outs,)) if isinstance(o, torch.Tensor)]
@@ -278,6 +287,13 @@ def main():
                         "per cell, about 8 s on the H200 host); 'all' for every algorithm (about 14 minutes)")
     p.add_argument("--compiled-others-at", default=",".join(SPOT_SHAPES),
                    help="GPU: shapes where the other algorithms get the torch.compile peers too")
+    p.add_argument("--loop-max-t", type=int, default=4096,
+                   help="GPU: the per-step loops (rl_triton's torch backend, TorchRL's loops) at T up to this only")
+    p.add_argument("--warm-only", action="store_true",
+                   help="GPU: call every implementation of every cell once and time nothing: compiles into Triton's "
+                        "and inductor's caches, so that processes run beside each other beforehand (--shard) shorten "
+                        "the timed run's compilations")
+    p.add_argument("--shard", default="0/1", help="GPU, --warm-only: K/N, the K-th of N interleaved parts of the cells")
     args = p.parse_args()
     if args.replot:
         return plots(results_from_md(args.replot), args.img or "docs/img")
@@ -379,8 +395,12 @@ def _device_or_none(fn, full_us):
 def gpu_main(args):
     if triton is None:
         raise SystemExit("the GPU benchmark needs triton: pip install -e '.[gpu]'")
-    external = None if args.no_peers else load_external_peers(args.peers_dir,
-                                                              pufferlib="gae" in args.algos.split(","))
+    external = None if args.no_peers else load_external_peers(
+        args.peers_dir, pufferlib="gae" in args.algos.split(",") and not args.warm_only)
+    cells = [(a, d, s) for a in args.algos.split(",") for d in args.dtypes.split(",") for s in args.shapes.split(",")]
+    if args.warm_only:
+        k, n = map(int, args.shard.split("/"))
+        return warm(cells[k::n], args, external)
     if not args.no_host_path:
         host = host_path()
         print("\n".join(host) + "\n", flush=True)
@@ -392,57 +412,27 @@ def gpu_main(args):
              f"Copy bandwidth (read + write): {bw:.2f} TB/s; empty Triton kernel: full call {empty_full:.1f} us, "
              f"replay {empty_dev:.2f} us", "",
              "| algorithm | dtype | rows x T | implementation | full call us | device us | full / ours "
-             "| device / ours | floor / device | max error |",
+             "| device / ours | own floor / device | max error |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     results = []
-    cells = [(a, d, s) for a in args.algos.split(",") for d in args.dtypes.split(",") for s in args.shapes.split(",")]
     bar = _progress(len(cells))
     for algo, dtype_name, shape in cells:
         R, T = map(int, shape.split("x"))
-        dtype = getattr(torch, dtype_name)
-        torch._dynamo.reset()  # compiled peers: no cache reuse across shapes
-        problem = Problem(algo, R, T, dtype=dtype)
+        problem, impls = _cell_impls(algo, dtype_name, R, T, args, external)
         expected = problem.expected(rows=4)
-        floor = problem.nbytes / (bw * 1e6)
-        with_peers = not args.no_peers and dtype == torch.float32
-        compiled = args.compiled_peers == "all" or algo in args.compiled_peers.split(",") \
-            or shape in args.compiled_others_at.split(",")
-        peers = problem.peers(compiled=compiled, external=external) if with_peers else {}
-        impls = {"rl_triton": _direct_call(problem.problem), **peers}
-        cell = f"| {algo} | {dtype_name} | {shape} |"
-        checked = {}
-        for name, fn in impls.items():
-            try:
-                err = max_error(fn(), expected)
-            except Exception as e:  # a peer that fails on this shape is reported, not timed
-                lines.append(f"{cell} {name} | failed: {type(e).__name__} | | | | | |")
-                print(lines[-1], flush=True)
-                continue
-            if err > TOLERANCE[dtype]:
-                lines.append(f"{cell} {name} | WRONG, not timed | | | | | {err:.1e} |")
-                print(lines[-1], flush=True)
-                continue
-            checked[name] = err
-        timed = {name: impls[name] for name in checked}
-        full = _full_calls_alternating(timed)
-        ours = None
-        for name, err in checked.items():
-            dev = _device_or_none(timed[name], statistics.median(full[name]))
-            if ours is None:
-                ours = (full[name], dev)
-            ratio_dev = f"{dev / ours[1]:.1f}x" if dev is not None and ours[1] else "-"
-            median = statistics.median(full[name])
-            lines.append(f"{cell} {name} | {median:.1f} | {'-' if dev is None else f'{dev:.2f}'} | "
-                         f"{statistics.median(ratios(full[name], ours[0])):.2f}x | {ratio_dev} | "
-                         f"{'-' if dev is None else f'{floor / dev:.0%}'} | {err:.1e} |")
-            print(lines[-1], flush=True)
-            results.append(dict(algo=algo, dtype=dtype_name, R=R, T=T, impl=name, full=median, dev=dev, floor=floor,
-                                full_ratio=statistics.median(ratios(full[name], ours[0]))))
+        dtype = getattr(torch, dtype_name)
+        cell_lines, cell_results = time_cell((algo, dtype_name, R, T), impls, expected, TOLERANCE[dtype],
+                                             problem.nbytes_with, bw)
+        lines += cell_lines
+        results += cell_results
         del problem, impls
         torch.cuda.empty_cache()
         bar()
-    tail = summary(results, empty_full)
+    tail = summary(results, empty_full) + peer_ranges(results)
+    failed = failures(results)
+    if failed:
+        tail += ["", f"rl_triton FAILED or WRONG in {len(failed)} cell(s): " + "; ".join(failed)]
     lines += tail
     if not args.no_host_path:
         lines[:0] = host + [""]
@@ -451,29 +441,180 @@ def gpu_main(args):
         with open(args.md, "w") as f:
             f.write("\n".join(lines) + "\n")
     if args.img:
-        plots(results, args.img)
+        plots([r for r in results if r["status"] == "ok"], args.img)
+    if failed:
+        raise SystemExit(1)
+
+
+def _cell_impls(algo, dtype_name, R, T, args, external):
+    """A cell's problem and its implementations (rl_triton's first), with a fresh compile cache."""
+    dtype = getattr(torch, dtype_name)
+    torch._dynamo.reset()  # compiled peers: no cache reuse across shapes
+    problem = Problem(algo, R, T, dtype=dtype)
+    with_peers = not args.no_peers and dtype == torch.float32
+    compiled = args.compiled_peers == "all" or algo in args.compiled_peers.split(",") \
+        or f"{R}x{T}" in args.compiled_others_at.split(",")
+    peers = problem.peers(compiled=compiled, loop_max_T=args.loop_max_t, external=external) if with_peers else {}
+    return problem, {"rl_triton": _direct_call(problem.problem), **peers}
+
+
+def warm(cells, args, external):
+    """Call every implementation of ``cells`` once (compiling into the on-disk caches), untimed."""
+    for algo, dtype_name, shape in cells:
+        R, T = map(int, shape.split("x"))
+        problem, impls = _cell_impls(algo, dtype_name, R, T, args, external)
+        for name, fn in impls.items():
+            try:
+                fn()
+            except Exception as e:  # the timed run reports it
+                print(f"{algo} {shape} {name}: {type(e).__name__}", flush=True)
+        del problem, impls
+        torch.cuda.empty_cache()
+
+
+def time_cell(key, impls: dict, expected, tolerance: float, nbytes, bandwidth_tbs: float,
+              full_calls=None, device=None):
+    """Check and time the implementations of one cell ``key = (algo, dtype, R, T)``; ``impls``
+    maps names to calls, rl_triton's first under the name "rl_triton".
+
+    Every implementation is first checked against the oracle's ``expected`` outputs (the first
+    rows); one that raises is marked failed and one whose error is over ``tolerance`` (or NaN)
+    wrong, and neither is timed. The others take turns (``full_calls``: name -> calls ->
+    {name: [per-round full call us]}, default :func:`_full_calls_alternating`) and get a device
+    time (``device(fn, full_us)``: us or None, default :func:`_device_or_none`). Ratios are peer /
+    rl_triton, full calls within each round; without a checked rl_triton there are none. Each
+    implementation's floor is ``nbytes(number of outputs it returns)`` at ``bandwidth_tbs``.
+
+    Returns the table lines (printed as they come) and one result dict per implementation,
+    with ``status`` "ok", "failed: ERROR" or "wrong"."""
+    full_calls = full_calls or _full_calls_alternating
+    device = device or _device_or_none
+    algo, dtype, R, T = key
+    cell = f"| {algo} | {dtype} | {R}x{T} |"
+    lines, results, checked, n_out = [], [], {}, {}
+
+    def emit(line):
+        lines.append(line)
+        print(line, flush=True)
+
+    def record(name, status, **timed):
+        row = dict(algo=algo, dtype=dtype, R=R, T=T, impl=name, status=status, full=None, dev=None, floor=None,
+                   full_ratio=None, err=None)
+        row.update(timed)
+        results.append(row)
+
+    for name, fn in impls.items():
+        try:
+            out = fn()
+            err = max_error(out, expected)
+        except Exception as e:  # a peer that fails on this shape is reported, not timed
+            emit(f"{cell} {name} | failed: {type(e).__name__}: {str(e).strip()[:80]} | | | | | |")
+            record(name, f"failed: {type(e).__name__}")
+            continue
+        if not err <= tolerance:  # NaN too
+            emit(f"{cell} {name} | WRONG, not timed | | | | | {err:.1e} |")
+            record(name, "wrong", err=err)
+            continue
+        checked[name] = err
+        n_out[name] = 1 if isinstance(out, torch.Tensor) else len(out)
+    full = full_calls({name: impls[name] for name in checked})
+    ours = None
+    if "rl_triton" in checked:
+        ours_dev = device(impls["rl_triton"], statistics.median(full["rl_triton"]))
+        ours = (full["rl_triton"], ours_dev)
+    for name, err in checked.items():
+        median = statistics.median(full[name])
+        dev = ours[1] if name == "rl_triton" else device(impls[name], median)
+        floor = nbytes(n_out[name]) / (bandwidth_tbs * 1e6)
+        full_ratio = statistics.median(ratios(full[name], ours[0])) if ours else None
+        ratio_dev = f"{dev / ours[1]:.2f}x" if ours and dev is not None and ours[1] else "-"
+        emit(f"{cell} {name} | {median:.1f} | {'-' if dev is None else f'{dev:.2f}'} | "
+             f"{'-' if full_ratio is None else f'{full_ratio:.2f}x'} | {ratio_dev} | "
+             f"{'-' if dev is None else f'{floor / dev:.0%}'} | {err:.1e} |")
+        record(name, "ok", full=median, dev=dev, floor=floor, full_ratio=full_ratio, err=err)
+    return lines, results
+
+
+def failures(results) -> list:
+    """The cells where rl_triton failed or was wrong, as "algo dtype RxT: status" strings."""
+    return [f"{r['algo']} {r['dtype']} {r['R']}x{r['T']}: {r['status']}" for r in results
+            if r["impl"] == "rl_triton" and r["status"] != "ok"]
+
+
+def _cells(results) -> dict:
+    """(algo, dtype, R, T) -> the cell's result rows, in the order the cells ran."""
+    cells: dict = {}
+    for r in results:
+        cells.setdefault((r["algo"], r["dtype"], r["R"], r["T"]), []).append(r)
+    return cells
+
+
+def _share_ratio(ours, peer):
+    """rl_triton's share of its own floor over the peer's share of its own (floor / device each):
+    above 1, rl_triton is nearer its floor; the device-time ratio where both write the same
+    outputs."""
+    if ours["dev"] is None or peer["dev"] is None:
+        return None
+    return (ours["floor"] / ours["dev"]) / (peer["floor"] / peer["dev"])
 
 
 def summary(results, empty_full):
-    """Per cell, the closest peer (smallest peer / rl_triton ratio), for full call and device time."""
+    """Per cell, the closest peer (smallest peer / rl_triton ratio), for full call, device time
+    and share of the own floor; a row for every cell, including those where rl_triton failed."""
     out = ["", "| algorithm | dtype | rows x T | closest peer, full call | closest peer, device | "
-           "rl_triton full call / empty kernel |", "|---|---|---|---|---|---|"]
-    cells = dict.fromkeys((r["algo"], r["dtype"], r["R"], r["T"]) for r in results)
-    for algo, dtype, R, T in cells:
-        rows = [r for r in results if (r["algo"], r["dtype"], r["R"], r["T"]) == (algo, dtype, R, T)]
+           "closest peer, share of own floor | rl_triton full call / empty kernel |", "|---|---|---|---|---|---|---|"]
+    for (algo, dtype, R, T), rows in _cells(results).items():
         ours = next((r for r in rows if r["impl"] == "rl_triton"), None)
+        head = f"| {algo} | {dtype} | {R}x{T} |"
+        if ours is None or ours["status"] != "ok":
+            out.append(f"{head} rl_triton {'absent' if ours is None else ours['status'].upper()} | - | - | - |")
+            continue
+        peers = [r for r in rows if r is not ours and r["status"] == "ok"]
+
+        def closest(values):
+            values = [(v, name) for v, name in values if v is not None]
+            return f"{min(values)[0]:.2f}x ({min(values)[1]})" if values else "-"
+
+        full = closest((r["full_ratio"], r["impl"]) for r in peers)
+        dev = closest((r["dev"] / ours["dev"] if r["dev"] is not None and ours["dev"] else None, r["impl"])
+                      for r in peers)
+        share = closest((_share_ratio(ours, r), r["impl"]) for r in peers)
+        out.append(f"{head} {full} | {dev} | {share} | {ours['full'] / empty_full:.2f}x |")
+    return out
+
+
+def peer_family(name: str) -> str:
+    """A peer's name without its per-algorithm note in parentheses (the seed's, PufferLib's)."""
+    return name.split(" (")[0]
+
+
+def peer_ranges(results) -> list:
+    """Per peer (by :func:`peer_family`), over the cells where it and rl_triton were both timed:
+    the range of peer / rl_triton for full call and device time and of the floor-share ratio
+    (above 1: rl_triton ahead), and how many cells rl_triton is behind in each."""
+    out = ["", "| peer | cells | full call / rl_triton (min-max) | behind, full | device / rl_triton (min-max) | "
+           "behind, device | share of own floor, rl_triton / peer (min-max) | behind, share |",
+           "|---|---|---|---|---|---|---|---|"]
+    per_peer: dict = {}
+    for rows in _cells(results).values():
+        ours = next((r for r in rows if r["impl"] == "rl_triton" and r["status"] == "ok"), None)
         if ours is None:
             continue
-        peers = [r for r in rows if r is not ours]
+        for r in rows:
+            if r is not ours and r["status"] == "ok":
+                per_peer.setdefault(peer_family(r["impl"]), []).append((r, ours))
 
-        def closest(key):
-            # full calls: the median of the ratios taken within the alternating rounds
-            timed = [(r.get("full_ratio", r["full"] / ours["full"]) if key == "full" else r[key] / ours[key], r["impl"])
-                     for r in peers if r[key] is not None and ours[key]]
-            return f"{min(timed)[0]:.2f}x ({min(timed)[1]})" if timed else "-"
+    def span(values):
+        values = [v for v in values if v is not None]
+        if not values:
+            return "-", "-"
+        return f"{min(values):.2f}-{max(values):.2f}x", str(sum(v < 1 for v in values))
 
-        out.append(f"| {algo} | {dtype} | {R}x{T} | {closest('full')} | {closest('dev')} | "
-                   f"{ours['full'] / empty_full:.2f}x |")
+    for name, pairs in per_peer.items():
+        full = span(r["full_ratio"] for r, _ in pairs)
+        dev = span(r["dev"] / o["dev"] if r["dev"] is not None and o["dev"] else None for r, o in pairs)
+        share = span(_share_ratio(o, r) for r, o in pairs)
+        out.append(f"| {name} | {len(pairs)} | {full[0]} | {full[1]} | {dev[0]} | {dev[1]} | {share[0]} | {share[1]} |")
     return out
 
 

@@ -1,6 +1,12 @@
 """Sweep forced launch plans of the Triton engine for one estimator and print the fastest per shape.
 
     python benchmarks/sweep_plan.py [--algo gae] [--shapes 128x4096,64x8192]
+    python benchmarks/sweep_plan.py --cells vtrace:1024x1024,episodic_cumsum:64x8192   # a short list each
+
+With ``--cells`` each cell gets a short list of candidate plans instead of the full sweep
+(``candidates``: whole rows in one pass at several warp counts, chunks of 256 to 1024 steps of
+few warps, and for V-trace each with its epilogue reading vs[t+1] back from the output and by
+the lane gather); every candidate is checked against the float64 oracle before it is timed.
 
 Each plan compiles its own kernel, so a full sweep takes minutes: keep the shape list short.
 Device time is the median CUDA-graph replay (benchmarks/run.py). The default plan is
@@ -12,7 +18,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.join(_here, "..")]
 from common import parser  # noqa: E402
 from peers import Problem, max_error  # noqa: E402
 from run import device_us  # noqa: E402
@@ -37,6 +44,61 @@ def plans(R, T, sms, block_ts=(64, 128, 256, 512, 1024), warps=(1, 2, 4, 8), spl
                         yield dict(block_t=block_t, block_r=block_r, num_warps=num_warps, n_seg=n_seg)
 
 
+def candidates(algo, R, T):
+    """A short list of forced plans for one cell (``--cells``)."""
+    full = min(1 << (T - 1).bit_length(), 8192)
+    out = []
+    for num_warps in (4, 8, 16, 32):
+        if 32 * num_warps <= full <= 256 * num_warps:  # 1 to 8 steps per thread
+            out.append(dict(block_t=full, block_r=1, num_warps=num_warps, n_seg=1))
+    for block_t, warps in ((256, (1, 2)), (512, (2, 4)), (1024, (4, 8))):
+        if block_t < full:
+            out += [dict(block_t=block_t, block_r=1, num_warps=w, n_seg=1) for w in warps]
+    if full <= 128:
+        out += [dict(block_t=full, block_r=max(1, 512 // full), num_warps=w, n_seg=1) for w in (2, 4)]
+    if algo == "vtrace":  # the read-back everywhere, the gather on whole rows and in today's plan
+        out = [dict(plan, prev_mem=True) for plan in out] + [
+            dict(plan, prev_mem=False) for plan in out if plan["block_t"] == full] + [dict(prev_mem=False)]
+    return out
+
+
+def sweep_cells(cells, warm_only=False, shard="0/1"):
+    """Time the candidate plans of each ``ALGO:RxT`` cell against the default plan; with
+    ``warm_only`` call each once (compiling into Triton's cache) and time nothing; ``shard``
+    K/N: the K-th of N interleaved parts of the candidates."""
+    k, n = map(int, shard.split("/"))
+    for item in cells.split(","):
+        algo, shape = item.split(":")
+        R, T = map(int, shape.split("x"))
+        problem = Problem(algo, R, T)
+        call, expected = problem.call, problem.expected(4)
+        if warm_only:
+            for forced in ([{}] + candidates(algo, R, T))[k::n]:
+                with kernels.forced_plan(**forced):
+                    try:
+                        call()
+                    except Exception:  # reported by the timed run
+                        pass
+            continue
+        auto = device_us(call)
+        results = []
+        for forced in candidates(algo, R, T):
+            with kernels.forced_plan(**forced):
+                try:
+                    err = max_error(call(), expected)
+                    us = device_us(call, reps=5) if err <= 1e-4 else float("inf")
+                except Exception as e:  # a plan that does not compile is reported, not fatal
+                    print(f"  {algo} {shape} {forced}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    continue
+            results.append((us, forced, err))
+        results.sort(key=lambda x: x[0])
+        print(f"{algo} {shape}: auto {auto:.2f} us; floor {problem.nbytes / 4.3e6:.2f} us at 4.3 TB/s", flush=True)
+        for us, forced, err in results:
+            print(f"  {us:8.2f} us ({auto / us:.2f}x auto)  {forced}  err {err:.1e}", flush=True)
+        del problem
+        torch.cuda.empty_cache()
+
+
 def main():
     p = parser(__doc__)
     p.add_argument("--algo", default="gae", help="an estimator of benchmarks/run.py (gae, vtrace, ...)")
@@ -48,7 +110,12 @@ def main():
     p.add_argument("--peers", action="store_true",
                    help="also time the torch.compile peers in the same process, and check the best plan "
                         "against the float64 oracle")
+    p.add_argument("--cells", help="ALGO:RxT list: a short list of candidate plans per cell instead of the sweep")
+    p.add_argument("--warm-only", action="store_true", help="--cells: compile every candidate, time nothing")
+    p.add_argument("--shard", default="0/1", help="--cells --warm-only: K/N, the K-th of N parts of the candidates")
     args = p.parse_args()
+    if args.cells:
+        return sweep_cells(args.cells, args.warm_only, args.shard)
     ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for shape in args.shapes.split(","):

@@ -62,7 +62,7 @@ def parse_args():
     p.add_argument("--lam", type=float, default=0.95, help="GAE lambda")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                    help="torch.distributed backend (None: nccl with CUDA, else gloo)")
-    p.add_argument("--out", default="distributed_gae_out", help="output folder (rank 0 writes it)")
+    p.add_argument("--out", default="runs/distributed_gae", help="output folder (rank 0 writes it)")
     args = p.parse_args()
     if args.iterations < 1 or args.rows < 1 or args.steps < 1:
         p.error("--iterations, --rows and --steps must be at least 1")

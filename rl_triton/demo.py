@@ -168,13 +168,16 @@ def fmt_time(s: float) -> str:
 
 
 class _Progress:
-    """tqdm when installed, else a one-line counter on a terminal's stderr."""
+    """Progress on stderr. On a terminal (stdout and stderr both): a tqdm bar redrawn in place, or
+    a one-line counter without tqdm. Otherwise (piped or written to a file) one plain line per
+    run, so that a log holds no carriage-return redraws."""
 
     def __init__(self, total: int, enabled: bool = True):
         self._bar = None
         self._n, self._total = 0, total
         self._enabled = enabled
-        if not enabled:
+        self._terminal = sys.stderr.isatty() and sys.stdout.isatty()
+        if not (enabled and self._terminal):
             return
         try:
             from tqdm.auto import tqdm
@@ -187,14 +190,17 @@ class _Progress:
         if self._bar is not None:
             self._bar.set_description_str(desc, refresh=False)
             self._bar.update(1)
-        elif self._enabled and sys.stderr.isatty():
+        elif self._enabled and self._terminal:
             sys.stderr.write(f"\r[{self._n}/{self._total}] {desc:<48}")
+            sys.stderr.flush()
+        elif self._enabled:
+            sys.stderr.write(f"[{self._n}/{self._total}] {desc}\n")
             sys.stderr.flush()
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        elif self._enabled and sys.stderr.isatty():
+        elif self._enabled and self._terminal:
             sys.stderr.write("\r" + " " * 60 + "\r")
             sys.stderr.flush()
 

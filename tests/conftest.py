@@ -111,3 +111,19 @@ def _no_plans_across_tests():
 
     plans.clear()
     yield
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fail-on-skip", action="store_true",
+                     help="a test that skips fails instead (.ci/run's framework stages: the packages the "
+                          "selected tests need are installed there, so a skip means they did not run)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and item.config.getoption("--fail-on-skip") and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under --fail-on-skip: {reason}"

@@ -13,3 +13,7 @@ def test_demo_runs_and_every_estimator_agrees():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "all results match the reference loop" in done.stdout
     assert "gae vs SB3 numpy loop" in done.stdout
+    # output that is not a terminal gets plain progress lines, one per run, not a redrawn bar
+    assert "\r" not in done.stderr, done.stderr[-2000:]
+    runs = [line for line in done.stderr.splitlines() if line.startswith("[")]
+    assert runs and runs[0].startswith("[1/") and len(runs) == int(runs[0].split("/")[1].split("]")[0])

@@ -294,6 +294,16 @@ def _groups_worker(rank, world, group):
                                              num_groups=G)
             assert len(calls) == (2 if mode == "reinforce_plus_plus_baseline" else 1), (mode, calls)
             _close(got, whole[mine], tol, f"group_advantages {mode} {dtype} rank {rank}")
+    # equal scores spread unevenly over the ranks: deviations of exactly 0 (and 0/0 with eps=0),
+    # as in the unsplit call (sections 16.3, 16.5)
+    for dtype in (F64, F32):
+        equal = torch.full((B,), 0.1, dtype=dtype)
+        same = torch.zeros(B, dtype=torch.int64)
+        for mode in ("grpo", "drgrpo", "rloo"):
+            got = rl_triton.group_advantages(equal[mine], same[mine], mode=mode, group=group, num_groups=G)
+            assert torch.equal(got, torch.zeros_like(got)), (mode, dtype, got)
+        got = rl_triton.group_advantages(equal[mine], same[mine], eps=0.0, group=group, num_groups=G)
+        assert torch.isnan(got).all() and torch.isnan(rl_triton.group_advantages(equal, same, eps=0.0)).all()
     with pytest.raises(TypeError, match="num_groups"):
         rl_triton.group_advantages(scores[mine], ids[mine], group=group)
     with pytest.raises(TypeError, match="group_ids"):

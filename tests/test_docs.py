@@ -83,3 +83,43 @@ def test_code_blocks_run(path):
     assert blocks, f"no self-contained python block in {path}"
     for block in blocks:
         exec(compile(block, path, "exec"), {})
+
+
+def test_torchrl_page_first_snippet_runs():
+    """docs/torchrl.md's first block runs as written, and does what its comments say."""
+    pytest.importorskip("torchrl")
+    text = open(os.path.join(ROOT, "docs", "torchrl.md")).read()
+    block = re.findall(r"```python\n(.*?)```", text, re.S)[0]
+    namespace = {}
+    exec(compile(block, "docs/torchrl.md", "exec"), namespace)
+    rt_torchrl = namespace["rt_torchrl"]
+    assert type(namespace["loss"].value_estimator) is rt_torchrl.GAE
+    assert not rt_torchrl.is_patched()
+
+
+def test_index_lists_every_example():
+    """docs/index.md's table of examples has a row for every script in examples/."""
+    text = open(os.path.join(ROOT, "docs", "index.md")).read()
+    rows = set(re.findall(r"^\| `examples/(\w+\.py)` \|", text, re.M))
+    scripts = {name for name in os.listdir(os.path.join(ROOT, "examples"))
+               if name.endswith(".py") and 'if __name__ == "__main__":' in open(os.path.join(ROOT, "examples", name)).read()}
+    assert scripts and scripts - rows == set(), f"docs/index.md's table lacks {sorted(scripts - rows)}"
+    assert rows <= scripts, f"docs/index.md lists scripts that are not there: {sorted(rows - scripts)}"
+
+
+def test_verl_page_installs_verl_in_its_own_environment():
+    """docs/verl.md's install lines: a venv of its own, the CPU torch first, then the `verl`
+    extra, which pins the verl the page is written against and which no extra that brings
+    torchrl (verl's tensordict pin clashes with it) includes; .ci/run installs the same extra."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    extras = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["project"]["optional-dependencies"]
+    page = open(os.path.join(ROOT, "docs", "verl.md")).read()
+    (lines,) = [b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "verl]" in b]
+    assert lines.splitlines() == ["python3 -m venv .venv-verl && . .venv-verl/bin/activate",
+                                  "pip install torch==2.13.0",
+                                  'pip install -e ".[cpu,verl]" torch==2.13.0']
+    assert extras["verl"][0] == "verl==0.9.1" and "**verl 0.9.1**" in page
+    for name, requirements in extras.items():
+        if name != "verl":
+            assert not any("verl" in r for r in requirements), name
+    assert "-e .[cpu,verl,trl]" in open(os.path.join(ROOT, ".ci", "run")).read()

@@ -83,3 +83,26 @@ def test_distributed_gae_runs_under_torchrun(tmp_path):
     assert (tmp_path / "timings.csv").stat().st_size > 0
     with open(tmp_path / "timings.csv") as f:
         assert len(f.read().splitlines()) == 1 + 2 * 2  # header, then 2 iterations x 2 ways
+
+
+def test_llm_token_ppo_plot_shows_coinciding_curves(tmp_path):
+    """Both variants' curves stay visible where their scores are the same (another line style,
+    width and marker), and the iteration axis has integer ticks."""
+    pytest.importorskip("matplotlib")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("llm_token_ppo", os.path.join(ROOT, "examples", "llm_token_ppo.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [{"iteration": i, "score": 0.5 + 0.01 * (i % 2)} for i in range(3)]
+    fig = module.plot_scores({False: (rows, 1.0, 2.0), True: (list(rows), 0.1, 2.0)}, "gae")
+    (ax,) = fig.axes
+    loop, ours = ax.get_lines()
+    assert [loop.get_label(), ours.get_label()] == ["verl loop", "rl_triton"]
+    assert list(loop.get_ydata()) == list(ours.get_ydata())
+    assert loop.get_linestyle() != ours.get_linestyle() and loop.get_marker() != ours.get_marker()
+    assert loop.get_linewidth() > ours.get_linewidth()  # the one drawn first is wider
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    fig.savefig(tmp_path / "scores.png")
+    assert (tmp_path / "scores.png").stat().st_size > 0

@@ -811,3 +811,44 @@ def test_kernel_leaves_gradients_and_other_backends_to_torch(kernel_calls):
     assert kernel_calls == [4]
     group_advantages(s.detach(), ids, backend="torch")
     assert kernel_calls == [4]
+
+
+# ---------------------------------------------------------------------------------------------
+# huge and infinite scores: every backend alike (the all-pairs kernel's one-pass sums once
+# overflowed to NaN and gave +-2e26 where the torch path gives 0)
+# ---------------------------------------------------------------------------------------------
+
+GROUP_BACKENDS = ["torch", pytest.param("triton", marks=needs_interpreter)]
+
+
+@pytest.mark.parametrize("backend", GROUP_BACKENDS)
+@pytest.mark.parametrize("scale", [1e20, 1e30])
+def test_huge_scores_overflow_to_an_infinite_std(small_tiles, backend, scale):
+    """float32 statistics of [1, -1, 3] * 1e20: the squared deviations overflow, so the std is
+    inf and the GRPO advantages are +-0; the deviations themselves are finite."""
+    s = torch.tensor([1.0, -1.0, 3.0], dtype=torch.float32) * scale
+    ids = torch.zeros(3, dtype=torch.int64)
+    got = group_advantages(s, ids, backend=backend)
+    assert torch.equal(got.abs(), torch.zeros(3))
+    dev = group_advantages(s, ids, mode="drgrpo", backend=backend).double()
+    assert_close(dev, s.double().numpy() - s.double().mean().item(), 1e-6)
+    # finite M2 although S2 of an outlying response overflows: a group of many equal scores and one apart
+    s = torch.tensor([1.5e19] * 15 + [0.0], dtype=torch.float32)
+    ids = torch.zeros(16, dtype=torch.int64)
+    assert_close(group_advantages(s, ids, backend=backend), oracle(s.double().numpy(), [0] * 16, "grpo"), 1e-5)
+
+
+@pytest.mark.parametrize("backend", GROUP_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mode", ("grpo", "drgrpo", "rloo"))
+def test_infinite_score_makes_its_group_nan_in_any_order(small_tiles, backend, dtype, mode):
+    inf = float("inf")
+    for scores in ([inf, 2.0], [2.0, inf], [1.0, -inf, 5.0], [inf, -inf, 0.0]):
+        s = torch.tensor(scores + [0.5, 1.5], dtype=dtype)
+        ids = torch.tensor([0] * len(scores) + [1, 1])
+        got = group_advantages(s, ids, mode=mode, backend=backend)
+        assert torch.isnan(got[:len(scores)]).all(), (scores, got)
+        assert torch.equal(got[len(scores):], group_advantages(s[len(scores):], ids[len(scores):], mode=mode,
+                                                               backend=backend))
+    lone = torch.tensor([inf, 1.0], dtype=dtype)  # a group of one keeps its rule: s / (1 + eps), s
+    assert torch.equal(group_advantages(lone, [0, 1], mode=mode, backend=backend)[:1].isinf(), torch.tensor([True]))

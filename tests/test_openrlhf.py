@@ -405,6 +405,26 @@ def test_patch_without_openrlhf(monkeypatch):
     assert adv.shape == (1, 3)
 
 
+def test_patch_without_flash_attn_says_so(monkeypatch, tmp_path):
+    """OpenRLHF 0.11.2's experience maker imports flash_attn (openrlhf.models.ring_attn_utils),
+    which a CPU-only torch cannot have: the ImportError names it and what still works."""
+    package = tmp_path / "openrlhf" / "trainer" / "ppo_utils"
+    package.mkdir(parents=True)
+    for folder in (package.parent.parent, package.parent, package):
+        (folder / "__init__.py").write_text("")
+    (package / "experience_maker.py").write_text("from flash_attn.bert_padding import pad_input\n")
+    for name in [n for n in sys.modules if n == "openrlhf" or n.startswith("openrlhf.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # not importable, whatever is installed
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError) as raised:
+        rt_openrlhf.patch()
+    message = str(raised.value)
+    assert "flash-attn" in message and "CUDA build" in message and "CPU-only torch" in message, message
+    assert "get_advantages_and_returns, get_cumulative_returns and normalize_advantages work without it" in message
+    assert not rt_openrlhf.is_patched()
+
+
 def test_patch_refuses_other_layouts(fake_openrlhf):
     def other(self, values, rewards, mask, gamma, lam):  # renamed parameters: another OpenRLHF
         return None

@@ -197,10 +197,11 @@ def test_affine_scan_takes_a_number_beta(backend):
 
 
 def test_interpreter_switched_on_after_import_is_explained():
-    """TRITON_INTERPRET=1 set after triton was imported: a message that says to set it first."""
+    """TRITON_INTERPRET=1 set after triton was imported: a message that says to set it first.
+    (``import rl_triton`` alone does not import triton: setting it after that works.)"""
     pytest.importorskip("triton")
     code = textwrap.dedent("""
-        import os, torch, rl_triton as rt
+        import os, torch, triton, rl_triton as rt
         os.environ["TRITON_INTERPRET"] = "1"
         x = torch.zeros(2, 3)
         try:
@@ -212,3 +213,71 @@ def test_interpreter_switched_on_after_import_is_explained():
     env.pop("TRITON_INTERPRET", None)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "before the first import" in done.stdout, done.stdout + done.stderr
+
+
+def test_cpu_tensors_on_triton_without_triton_say_what_runs_them(monkeypatch):
+    from rl_triton.core import kernels, launch
+
+    monkeypatch.setattr(kernels, "AVAILABLE", False)
+    with pytest.raises(ValueError, match=r"\.\[gpu\]'\) and CUDA tensors, or TRITON_INTERPRET=1.*got tensors on cpu"):
+        launch._resolve("triton", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("flags", [dict(done=True), dict(terminated=True), dict(done=True, last_done=True)])
+def test_mixed_flag_conventions_are_reported_first(flags):
+    """episode_starts with done= (and without last_done): the mix of the two conventions is the
+    mistake, not the missing last_done."""
+    x = _data(0)
+    args = {k: (_done() if k != "last_done" else torch.zeros(N, dtype=torch.bool)) for k in flags}
+    with pytest.raises(ValueError, match="not both; got .*episode_starts"):
+        rt.gae(x, x, episode_starts=_done(), **args)
+
+
+_IMPORT = textwrap.dedent("""
+    import sys, torch
+    before = set(sys.modules)
+    import rl_triton
+    heavy = sorted(m for m in set(sys.modules) - before
+                   if m.split(".")[0] in ("numba", "triton", "sympy") or m.startswith("torch._dynamo"))
+    print("heavy", heavy)
+    from rl_triton.core import cpu
+    x = torch.randn(3, 5, dtype=torch.float64)
+    rl_triton.gae(x, x, backend="cpu")  # the first CPU launch imports numba
+    print("numba loaded", "numba" in sys.modules, cpu.AVAILABLE)
+""")
+
+
+def test_import_leaves_dynamo_numba_and_triton_alone():
+    """``import rl_triton`` adds little to ``import torch`` (benchmarks/import_time.py measures
+    it): torch._dynamo, numba and triton are imported where first needed, not with the package."""
+    pytest.importorskip("numba")
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", _IMPORT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "heavy []" in done.stdout, done.stdout
+    assert "numba loaded True True" in done.stdout, done.stdout
+
+
+def test_environment_switches_reach_plans_and_compiled_code(monkeypatch):
+    """RL_TRITON_BACKEND / RL_TRITON_CHECK_VALUES are read on every call (a call plan's key) and
+    traced by torch.compile(fullgraph=True) without a graph break, masked GAE included."""
+    monkeypatch.setenv("RL_TRITON_CHECK_VALUES", "0")
+    r, v = _data(1), _data(2)
+    m = _done(3)
+
+    def step(r, v, m):
+        a, t = rt.gae(r, v, mask=m, gamma=1.0, lmbda=0.95)
+        b, u = rt.gae(r, v, gamma=0.99, lmbda=0.95)
+        return a, t, b, u
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    want = step(r, v, m)
+    for x, y in zip(compiled(r, v, m), want):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    monkeypatch.setenv("RL_TRITON_BACKEND", "torch")
+    for x, y in zip(compiled(r, v, m), want):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    monkeypatch.setenv("RL_TRITON_BACKEND", "no-such-backend")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        rt.gae(r, v)

@@ -60,6 +60,10 @@ def test_help_shows_the_whole_docstring_and_defaults(path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert _first_paragraph(path) in " ".join(result.stdout.split())
     assert "(default: " in result.stdout
+    if path in EXAMPLES:  # every example writes under runs/ unless told otherwise
+        options = result.stdout[result.stdout.index("options:"):]
+        out = re.search(r"^\s+--out \S+(.*?)\(default: ([^)]*)\)", options, re.M | re.S)
+        assert out and out.group(2).split()[0].startswith("runs/"), options
 
 
 # examples that need no optional package (matplotlib only adds a plot): a short run without them works

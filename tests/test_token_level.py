@@ -350,8 +350,8 @@ def test_max_seqlen_needs_cu_seqlens():
 
 
 @pytest.mark.parametrize("cu,kwargs,match", [
-    ([0, 3, 2, 7], {}, "without falling"),
-    ([1, 3, 7], {}, "rise from 0"),
+    ([0, 3, 2, 7], {}, "never fall"),
+    ([1, 3, 7], {}, "start at 0"),
     ([0, 3, 6], {}, "number of tokens"),
     (torch.tensor([0.0, 7.0]), {}, "int32 or int64"),
     ([0, 3, 7], dict(max_seqlen=3), "max_seqlen is 3"),
@@ -366,3 +366,46 @@ def test_bad_packed_arguments(cu, kwargs, match):
     args.update(kwargs)
     with pytest.raises((ValueError, TypeError), match=match):
         rt.gae(**args, cu_seqlens=cu if isinstance(cu, torch.Tensor) else torch.tensor(cu))
+
+
+BAD_OFFSETS = [  # (offsets of 4 tokens, max_seqlen, what the message names)
+    ([0, 1, 4], 2, "max_seqlen is 2 but a sequence in cu_seqlens has 3 tokens"),  # two sequences in one slot
+    ([0, 1, 3], 3, "cu_seqlens must end at the number of tokens, 4"),
+    ([0, 1, 5], 4, "cu_seqlens must end at the number of tokens, 4"),
+    ([0, 3, 1, 4], 4, "cu_seqlens must start at 0 and never fall"),
+    ([1, 2, 4], 4, "cu_seqlens must start at 0"),
+]
+
+
+@pytest.mark.parametrize("checks", ["0", "auto", "1"])
+@pytest.mark.parametrize("cu,max_seqlen,match", BAD_OFFSETS)
+def test_host_offsets_are_checked_whatever_the_value_checks(monkeypatch, backend, checks, cu, max_seqlen, match):
+    """Offsets on the host are read for free, so they are checked even with
+    RL_TRITON_CHECK_VALUES=0 (a wrong max_seqlen once wrote two sequences into one padded slot)."""
+    monkeypatch.setenv("RL_TRITON_CHECK_VALUES", checks)
+    for call in (lambda: rt.discounted_return(torch.arange(1.0, 5.0), cu_seqlens=torch.tensor(cu),
+                                              max_seqlen=max_seqlen, gamma=1.0, backend=backend),
+                 lambda: rt.gae(torch.arange(1.0, 5.0), torch.zeros(4), cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+                                max_seqlen=max_seqlen, backend=backend)):
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+def test_packed_call_with_a_batch_names_the_shape():
+    with pytest.raises(ValueError, match=r"\[total_tokens\] inputs\), and rewards has shape \(4, 16\)"):
+        rt.gae(torch.zeros(4, 16), torch.zeros(4, 16), cu_seqlens=torch.tensor([0, 16, 32, 48, 64]))
+
+
+@pytest.mark.parametrize("name", ["gae", "td_lambda_return", "discounted_return", "vtrace", "retrace",
+                                  "eligibility_trace"])
+def test_packed_with_0d_tensor_coefficients(backend, name):
+    """A 0-d gamma / lmbda tensor (TorchRL keeps gamma as a 0-d buffer) holds for every token, as
+    without cu_seqlens (section 7)."""
+    fn, per_step, per_row = CALLS[name]
+    cu, x = _packed_case([5, 0, 1, 9, 3], seed=3)
+    args = dict(per_step(x), **per_row(x), cu_seqlens=cu, backend=backend)
+    coefficients = dict(gamma=0.9) if name == "discounted_return" else dict(gamma=0.9, lmbda=0.8)
+    want = fn(**args, **coefficients)
+    got = fn(**args, **{k: torch.tensor(v, dtype=torch.float64) for k, v in coefficients.items()})
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

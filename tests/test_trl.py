@@ -1,12 +1,17 @@
 """TRL's PPO step (transcribed below) against rl_triton.integrations.trl: compute_advantages for
 the GAE loop, the returns, the whitening and the fill; whiten_rewards for the reward whitening.
 Inputs are built as TRL builds them: responses truncated at the stop token, the padding masks,
-values and log-probs filled, the score at the first padding token."""
+values and log-probs filled, the score at the first padding token. The tests marked ``framework``
+run against the real TRL 1.12.0 (.ci/run's frameworks stage installs it): TRL's own block of
+PPOTrainer.train in float32 and float64, the transcriptions against TRL's functions, and
+docs/trl.md's diff applied to the real trainer's source."""
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import os
+import re
 import textwrap
 import types
 
@@ -318,39 +323,133 @@ def test_bad_inputs():
         whiten_rewards(r, m.T)
 
 
-# -- the real TRL, where it is installed ------------------------------------------------------------
-def real_trl_block(source):
-    """The lines of PPOTrainer.train from the padding masks to the fill of the advantages, as code."""
+# -- the real TRL, where it is installed (.ci/run's frameworks stage installs TRL 1.12.0) ----------
+TRL_PPO = "trl.experimental.ppo.ppo_trainer"
+DOCS_TRL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "trl.md")
+
+
+def _real_ppo():
+    return pytest.importorskip(TRL_PPO, reason="TRL 1.0-1.12 (trl.experimental.ppo) not installed")
+
+
+def real_trl_block(source, last="torch.masked_fill(advantages, padding_mask, 0)"):
+    """The lines of PPOTrainer.train from the padding masks to the fill of the advantages (or to
+    the line holding ``last``), as code."""
     lines = source.splitlines()
     start = next(i for i, line in enumerate(lines) if "response_idxs = torch.arange(" in line)
-    end = next(i for i in range(start, len(lines)) if "torch.masked_fill(advantages, padding_mask, 0)" in lines[i])
+    end = next(i for i in range(start, len(lines)) if last in lines[i])
     return textwrap.dedent("\n".join(lines[start:end + 1]))
 
 
+def docs_diff():
+    """docs/trl.md's diff of PPOTrainer.train: (the lines it removes, the lines it puts there),
+    each with its context lines, as text."""
+    text = open(DOCS_TRL).read()
+    (diff,) = re.findall(r"```diff\n(.*?)```", text, re.S)
+    lines = diff.splitlines()  # an empty line is an empty context line
+    old = [line[1:] for line in lines if line[:1] in ("", " ", "-")]
+    new = [line[1:] for line in lines if line[:1] in ("", " ", "+")]
+    return "\n".join(old), "\n".join(new)
+
+
+def trl_inputs(ppo, B, T, dtype, seed, stop=EOS):
+    """What train() holds before the padding masks, built with TRL's own truncate_response and
+    first_true_indices."""
+    g = torch.Generator().manual_seed(seed)
+    responses = torch.randint(2, VOCAB, (B, T), generator=g)
+    responses[torch.arange(B), torch.randint(0, T, (B,), generator=g)] = stop
+    responses[0, 0] = stop
+    responses[-1] = torch.randint(2, VOCAB, (T,), generator=g)  # a row that never stops
+    postprocessed = ppo.truncate_response(stop, PAD, responses)
+    sequence_lengths = ppo.first_true_indices(postprocessed == PAD) - 1
+    logprobs, ref_logprobs = (-torch.rand(2, B, T, generator=g, dtype=F64) * 3).to(dtype)
+    values = torch.randn(B, T, generator=g, dtype=F64).to(dtype)
+    scores = torch.randn(B, generator=g, dtype=F64).to(dtype)
+    return dict(responses=responses, logprobs=logprobs, ref_logprobs=ref_logprobs, values=values, scores=scores,
+                sequence_lengths=sequence_lengths)
+
+
+def run_block(ppo, block, inputs, **args):
+    args = types.SimpleNamespace(**{**dict(kl_estimator="k3", kl_coef=0.05, whiten_rewards=False, gamma=1.0,
+                                           lam=0.95), **args})
+    env = dict(torch=torch, masked_whiten=ppo.masked_whiten, INVALID_LOGPROB=ppo.INVALID_LOGPROB, args=args,
+               empty_cache=lambda: None, compute_advantages=compute_advantages, whiten_rewards=whiten_rewards,
+               **{k: x.clone() for k, x in inputs.items()})
+    exec(block, env)
+    return env
+
+
+@pytest.mark.framework
 def test_real_trl():
     """TRL's own block (TRL 1.0-1.12, where trl.experimental.ppo exists), run on TRL-built
     inputs, against compute_advantages and whiten_rewards."""
-    ppo = pytest.importorskip("trl.experimental.ppo.ppo_trainer")
+    ppo = _real_ppo()
     block = real_trl_block(inspect.getsource(ppo))
-    g = torch.Generator().manual_seed(12)
-    B, T = 12, 30
-    responses = torch.randint(2, VOCAB, (B, T), generator=g)
-    responses[torch.arange(B), torch.randint(0, T, (B,), generator=g)] = EOS
-    responses[0, 0] = EOS
-    postprocessed = ppo.truncate_response(EOS, PAD, responses)
-    sequence_lengths = ppo.first_true_indices(postprocessed == PAD) - 1
-    logprobs, ref_logprobs = -torch.rand(2, B, T, generator=g) * 3
-    values, scores = torch.randn(B, T, generator=g), torch.randn(B, generator=g)
+    inputs = trl_inputs(ppo, 12, 30, F32, seed=12)
     envs = {}
     for whiten in (False, True):
-        args = types.SimpleNamespace(kl_estimator="k3", kl_coef=0.05, whiten_rewards=whiten, gamma=1.0, lam=0.95)
-        env = dict(torch=torch, masked_whiten=ppo.masked_whiten, INVALID_LOGPROB=ppo.INVALID_LOGPROB, args=args,
-                   responses=responses, logprobs=logprobs.clone(), ref_logprobs=ref_logprobs.clone(),
-                   values=values.clone(), scores=scores.clone(), sequence_lengths=sequence_lengths)
-        exec(block, env)
-        envs[whiten] = env
+        env = envs[whiten] = run_block(ppo, block, inputs, whiten_rewards=whiten)
         adv, ret = compute_advantages(env["rewards"], env["values"], env["padding_mask"], 1.0, 0.95)
         _close(adv, env["advantages"], F32)
         _close(ret, env["returns"], F32)
     _close(whiten_rewards(envs[False]["rewards"], envs[False]["padding_mask_p1"]), envs[True]["rewards"], F32)
 
+
+@pytest.mark.framework
+@pytest.mark.parametrize("use_backend", ["cpu", "torch"], indirect=True)
+@pytest.mark.parametrize("pad_is_eos", [False, True])
+@pytest.mark.parametrize("B,T", [(1, 1), (5, 1), (9, 17)])
+def test_real_trl_float64(use_backend, B, T, pad_is_eos):
+    """TRL's block in float64 (torch's default dtype float64, so that its Bessel factor is exact)
+    against compute_advantages to 1e-12, with pad == eos too and rows of every length."""
+    ppo = _real_ppo()
+    block = real_trl_block(inspect.getsource(ppo))
+    inputs = trl_inputs(ppo, B, T, F64, seed=B * 10 + T, stop=PAD if pad_is_eos else EOS)
+    for gamma, lam in COEFFICIENTS:
+        with default_dtype(F64):
+            try:
+                env = run_block(ppo, block, inputs, gamma=gamma, lam=lam, kl_estimator="k1")
+            except ValueError:  # no response token in the batch: TRL's masked_var raises
+                env = None
+        if env is None:
+            continue
+        adv, ret = compute_advantages(env["rewards"], env["values"], env["padding_mask"], gamma, lam)
+        assert adv.dtype == ret.dtype == F64
+        _close(adv, env["advantages"], F64)
+        _close(ret, env["returns"], F64)
+
+
+@pytest.mark.framework
+@pytest.mark.parametrize("dtype", [F64, F32])
+def test_real_trl_is_the_transcription(dtype):
+    """This file's transcriptions (the oracle of the tests above) give TRL's own results."""
+    ppo = _real_ppo()
+    g = torch.Generator().manual_seed(21)
+    values = torch.randn(6, 13, generator=g, dtype=F64).to(dtype)
+    mask = torch.rand(6, 13, generator=g) < 0.7
+    with default_dtype(dtype):
+        for shift_mean in (True, False):
+            _close(trl_masked_whiten(values, mask, shift_mean), ppo.masked_whiten(values, mask, shift_mean), dtype)
+        _close(trl_masked_var(values, mask), ppo.masked_var(values, mask), dtype)
+    responses = torch.randint(0, 5, (40, 9), generator=g)
+    assert torch.equal(trl_first_true_indices(responses == EOS), ppo.first_true_indices(responses == EOS))
+    assert torch.equal(trl_truncate_response(EOS, PAD, responses), ppo.truncate_response(EOS, PAD, responses))
+
+
+@pytest.mark.framework
+@pytest.mark.parametrize("whiten", [False, True])
+def test_real_trl_with_the_docs_diff(whiten):
+    """docs/trl.md's diff applies to the real PPOTrainer.train as it stands (its removed and
+    context lines are there, in that order, indented as shown), and the edited step gives TRL's
+    advantages, returns and whitened rewards."""
+    ppo = _real_ppo()
+    source = inspect.getsource(ppo)
+    old, new = docs_diff()
+    assert source.count(old) == 1, "docs/trl.md's diff does not apply to this TRL's ppo_trainer.py"
+    edited = source.replace(old, new)
+    inputs = trl_inputs(ppo, 10, 21, F32, seed=31)
+    theirs = run_block(ppo, real_trl_block(source, last="empty_cache()"), inputs, whiten_rewards=whiten)
+    ours = run_block(ppo, real_trl_block(edited, last="empty_cache()"), inputs, whiten_rewards=whiten)
+    assert "lastgaelam" in theirs and "lastgaelam" not in ours  # the loop ran in TRL's only
+    for name in ("advantages", "returns", "rewards"):
+        _close(ours[name], theirs[name], F32)

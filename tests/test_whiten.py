@@ -281,11 +281,11 @@ def test_empty_tensor():
 
 @pytest.mark.parametrize("kw", CONVENTIONS)
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_non_finite_at_a_valid_position_reaches_everything(kw, value):
+def test_non_finite_at_a_valid_position_reaches_everything(kw, value, backend):
     x, m = _x((8, 33)), _mask((8, 33), "holes")
     x[0, 0] = value  # valid by construction
     assert m[0, 0]
-    y = masked_whiten(x, m, **kw)
+    y = masked_whiten(x, m, **kw, backend=backend)
     if math.isnan(value) or kw.get("scale", True):  # the mean is NaN or inf, M2 = (inf - inf)**2 = NaN
         assert torch.isnan(y).all()
     else:  # scale=False: x - inf

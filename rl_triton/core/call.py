@@ -132,12 +132,14 @@ class Call:
         self.checks.append((check, tuple(tensors)))
 
     def _observation_aligned(self, terminated, truncated, done, episode_starts, last_done):
+        if terminated is not None or truncated is not None or done is not None:
+            given = [n for n, x in (("terminated", terminated), ("truncated", truncated), ("done", done),
+                                    ("episode_starts", episode_starts), ("last_done", last_done)) if x is not None]
+            raise ValueError("pass either episode_starts with last_done (observation-aligned) or "
+                             f"terminated/truncated/done (transition-aligned), not both; got {', '.join(given)}")
         if episode_starts is None or last_done is None:
             raise ValueError("episode_starts and last_done go together (done[t] = episode_starts[t+1], "
                              "done[T-1] = last_done)")
-        if terminated is not None or truncated is not None or done is not None:
-            raise ValueError("pass either episode_starts with last_done (observation-aligned) or "
-                             "terminated/truncated/done (transition-aligned), not both")
         self.done = self.rows.flag(episode_starts, "episode_starts")
         self.last_done = self.rows.flag(last_done, "last_done", shape=self.rows.row_shape)
         self._check_binary(episode_starts=self.done, last_done=self.last_done)

@@ -19,20 +19,50 @@ import types as pytypes
 import numpy as np
 import torch
 
-try:
-    import numba as nb
-    from numba import prange
-except ImportError:  # the torch backend serves CPU tensors without numba
-    nb = None
-
 from . import coefficients as C
 from . import spec
 from .spec import DONE_ARRAY, DONE_OBS_ALIGNED, EV_GIVEN, NV_EXPLICIT_EDGE, NV_IMPLIED
 
-AVAILABLE = nb is not None
+# numba is imported on the first CPU launch, not with the package (the import alone takes most of
+# a second): until then the loops below are plain functions, and the names they call (``prange``
+# and the inline helpers) are bound into this module by _load_numba().
+nb = None
+_LOADED = None  # None: not tried yet; then whether numba imported
+_LOAD_LOCK = threading.Lock()
 
 
-if AVAILABLE:
+def available() -> bool:
+    """Whether numba imports (tried once, on the first call); without it the torch backend
+    serves CPU tensors."""
+    return _LOADED if _LOADED is not None else _load_numba()
+
+
+def __getattr__(name):
+    if name == "AVAILABLE":
+        return available()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _load_numba() -> bool:
+    global _LOADED
+    with _LOAD_LOCK:
+        if _LOADED is None:
+            try:
+                import numba
+            except ImportError:
+                _LOADED = False
+            else:
+                _bind(numba)
+                _LOADED = True
+    return _LOADED
+
+
+def _bind(numba):
+    """Define the numba helpers and bind them, with ``nb`` and ``prange``, as module globals."""
+    global nb, prange, _inline, _where, _c_step, _c_gae, _c_masked_gae, _c_td_lambda_return, _c_discounted_return
+    global _c_vtrace, _c_vtrace_pg, _c_retrace, _not, _flags, _clip, _gain, _edge, _masked_step, _valid, _next_value
+    global _all_binary, _implies, _nonzero_bytes
+    nb, prange = numba, numba.prange
     _inline = nb.njit(inline="always", cache=True)
 
     @_inline
@@ -107,6 +137,25 @@ if AVAILABLE:
         if nv_mode != NV_IMPLIED:
             return nv
         return boot if last else v_next
+
+    @nb.njit(cache=True, nogil=True)
+    def _all_binary(a):
+        bad = False
+        for i in range(a.size):  # no early exit: the loop vectorises
+            bad |= (a[i] != 0) & (a[i] != 1)
+        return not bad
+
+    @nb.njit(cache=True, nogil=True)
+    def _implies(a, b):
+        bad = False
+        for i in range(a.size):  # no early exit: the loop vectorises
+            bad |= (a[i] != 0) & (b[i] == 0)
+        return not bad
+
+    @nb.njit(cache=True, nogil=True)
+    def _nonzero_bytes(a, out):
+        for i in range(a.size):
+            out[i] = a[i] != 0
 
 
 def gae(rewards, values, carry, next_values, bootstrap_value, terminated, done, truncated, last_done, gamma, lmbda,
@@ -450,6 +499,8 @@ def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
     """``fn`` compiled for arguments of ``arg_kinds`` (spec kinds, ``o2`` outputs) in float ``dtype``."""
     key = (fn.__name__, dtype, parallel, tuple(arg_kinds))
     if key not in _compiled:
+        if not available():
+            raise RuntimeError("the numba backend needs numba: pip install -e '.[cpu]'")
         ft = nb.from_dtype(dtype)
         types = {
             "f1": nb.types.Array(ft, 1, "A", readonly=True), "f2": nb.types.Array(ft, 2, "A", readonly=True),
@@ -487,28 +538,6 @@ def _constant(value: float, np_dtype, shape: tuple):
     return np.broadcast_to(np.array(value, dtype=np_dtype), shape)
 
 
-if AVAILABLE:
-
-    @nb.njit(cache=True, nogil=True)
-    def _all_binary(a):
-        bad = False
-        for i in range(a.size):  # no early exit: the loop vectorises
-            bad |= (a[i] != 0) & (a[i] != 1)
-        return not bad
-
-    @nb.njit(cache=True, nogil=True)
-    def _implies(a, b):
-        bad = False
-        for i in range(a.size):  # no early exit: the loop vectorises
-            bad |= (a[i] != 0) & (b[i] == 0)
-        return not bad
-
-    @nb.njit(cache=True, nogil=True)
-    def _nonzero_bytes(a, out):
-        for i in range(a.size):
-            out[i] = a[i] != 0
-
-
 def _dense(x: torch.Tensor):
     """The numpy view of a CPU tensor that numba reads (not float16/bfloat16) and whose memory is
     dense (C or F order, so ``ravel(order="K")`` is a view), else None."""
@@ -525,7 +554,7 @@ def _flag_bytes(x: torch.Tensor) -> np.ndarray:
         return _numpy_bytes(x)
     if x.dtype == torch.uint8:
         return x.numpy()
-    a = _dense(x)
+    a = _dense(x) if available() else None
     if a is None:
         return (x != 0).view(torch.uint8).numpy()
     out = np.empty_like(a, dtype=np.uint8)  # same memory order as a
@@ -553,7 +582,7 @@ def row_moments(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 def all_binary(x: torch.Tensor) -> bool:
     """True when every element of a flag tensor is 0 or 1 (one pass, no temporaries on CPU)."""
-    a = _dense(x) if AVAILABLE else None
+    a = _dense(x) if available() else None
     if a is not None:
         return bool(_all_binary(a.ravel(order="K")))
     return bool(((x == 0) | (x == 1)).all())
@@ -562,7 +591,7 @@ def all_binary(x: torch.Tensor) -> bool:
 def implies(a: torch.Tensor, b: torch.Tensor) -> bool:
     """True when ``b`` is set (nonzero) wherever ``a`` is: one pass over two flag tensors of one
     shape and layout on CPU, the torch ops otherwise."""
-    x = _dense(a) if AVAILABLE and a.shape == b.shape and a.stride() == b.stride() else None
+    x = _dense(a) if available() and a.shape == b.shape and a.stride() == b.stride() else None
     y = _dense(b) if x is not None else None
     if y is not None:
         x, y = (z.view(np.uint8) if z.dtype == np.bool_ else z for z in (x, y))

@@ -153,7 +153,7 @@ def _advantages(x: torch.Tensor, code: torch.Tensor, nbuf: int, mode: str, eps: 
     n = count.index_select(0, code).to(x.dtype)
     d = x - x.index_select(0, first.index_select(0, code))
     mean_d = torch.zeros(nbuf, dtype=x.dtype, device=x.device).scatter_add_(0, code, d).index_select(0, code) / n
-    dev = d - mean_d
+    dev = _deviations(d, mean_d)
     return _relative(x, dev, n, lambda: torch.zeros(nbuf, dtype=x.dtype, device=x.device).scatter_add_(
         0, code, dev * dev).index_select(0, code), mode, eps)
 
@@ -193,15 +193,28 @@ def _relative(x, dev, n, squares, mode: str, eps: float) -> torch.Tensor:
 
 def _spread_advantages(x, ids, num_groups: int, mode: str, eps: float, group) -> torch.Tensor:
     """``_advantages`` of responses spread over the ranks of ``group``: each group's (n, mean, M2)
-    over every rank, from one all-gather of the local ones."""
+    over every rank, from one all-gather of the local ones. Each rank takes its sums relative to
+    its first score of the group and the ranks' shifts are gathered with them, so that a group of
+    equal scores has deviations of exactly 0 however it is spread."""
     from .whiten import _combine_rows
 
+    B = x.shape[0]
     zeros = torch.zeros(num_groups, dtype=x.dtype, device=x.device)
     n = zeros.scatter_add(0, ids, torch.ones_like(x))
-    mean = zeros.scatter_add(0, ids, x) / n
-    m2 = zeros.scatter_add(0, ids, (x - mean.index_select(0, ids)).square())
-    n, mean, m2 = (s.index_select(0, ids).to(x.dtype) for s in _combine_rows(n, mean, m2, group))
-    return _relative(x, x - mean, n, lambda: m2, mode, eps)
+    first = torch.full((num_groups,), B, dtype=torch.int64, device=x.device).scatter_reduce_(
+        0, ids, torch.arange(B, device=x.device), "amin")
+    shift = torch.where(n > 0, torch.cat((x, x.new_zeros(1))).index_select(0, first), 0.0)
+    d = x - shift.index_select(0, ids)
+    mean = zeros.scatter_add(0, ids, d) / n
+    m2 = zeros.scatter_add(0, ids, (d - mean.index_select(0, ids)).square())
+    n, ref, mean, m2 = (s.index_select(0, ids).to(x.dtype) for s in _combine_rows(n, mean, m2, group, shift))
+    return _relative(x, _deviations(x - ref, mean), n, lambda: m2, mode, eps)
+
+
+def _deviations(d: torch.Tensor, mean_d: torch.Tensor) -> torch.Tensor:
+    """``d - mean_d``, NaN where the group's mean is not finite: an infinite or NaN score makes
+    its whole group NaN, whichever response comes first."""
+    return torch.where(mean_d.isfinite(), d - mean_d, torch.nan)
 
 
 def _whiten(a: torch.Tensor, tokens: torch.Tensor, group=None) -> torch.Tensor:

@@ -24,23 +24,14 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-@torch.compiler.assume_constant_result
 def env(name: str) -> str | None:
     """``os.environ.get(name)``, read on every call: users switch these variables at run time.
-    A constant inside a torch.compile trace."""
+    Inside a torch.compile trace dynamo reads it at trace time and guards on it."""
     return os.environ.get(name)
 
 
-_ENVIRON = os.environ._data if isinstance(getattr(os.environ, "_data", None), dict) and os.name == "posix" else None
-_ENV_KEYS = (b"RL_TRITON_BACKEND", b"RL_TRITON_CHECK_VALUES")
-
-
 def env_state() -> tuple:
-    """The values of the environment variables the library reads, for a call's signature.
-    CPython's ``os.environ`` keeps them in a dict of bytes on POSIX, which ``os.environ[...] =``
-    updates; read there, the two cost a tenth of ``os.environ.get``."""
-    if _ENVIRON is not None:
-        return _ENVIRON.get(_ENV_KEYS[0]), _ENVIRON.get(_ENV_KEYS[1])
+    """The values of the environment variables the library reads, for a call's signature."""
     return os.environ.get("RL_TRITON_BACKEND"), os.environ.get("RL_TRITON_CHECK_VALUES")
 
 

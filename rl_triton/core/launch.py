@@ -71,7 +71,8 @@ def _resolve(backend: str, device: torch.device) -> str:
             raise ValueError(f"backend='cpu' runs CPU tensors, got tensors on {device}")
     if name == "triton" and not triton_usable(device):
         if not _kernels().AVAILABLE:
-            raise ValueError("backend='triton' needs triton: pip install -e '.[gpu]'")
+            raise ValueError("backend='triton' needs triton (pip install -e '.[gpu]') and CUDA tensors, or "
+                             f"TRITON_INTERPRET=1 to run CPU tensors in Triton's interpreter; got tensors on {device}")
         raise ValueError(
             f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors), got {device}"
         )

@@ -25,7 +25,8 @@ PER_SEQUENCE = frozenset(("bootstrap_value", "last_done", "initial"))
 class Sequences:
     """Where each token of a packed stream of ``n_tokens`` lies in the padded ``[B, L]`` batch."""
 
-    def __init__(self, cu_seqlens, max_seqlen, n_tokens: int, device: torch.device, align_end: bool):
+    def __init__(self, cu_seqlens, max_seqlen, n_tokens: int, device: torch.device, align_end: bool,
+                 tokens_of: str = "the inputs"):
         if isinstance(cu_seqlens, (list, tuple)):
             cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int64)
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64) \
@@ -38,16 +39,10 @@ class Sequences:
         cu = cu_seqlens.to(device=device, dtype=torch.int64)
         self.B = cu.numel() - 1
         lengths = cu[1:] - cu[:-1]
-        if max_seqlen is None or inputs.value_checks_on(cu_seqlens.device):
-            # reads the offsets: free for CPU tensors, one synchronisation for CUDA ones
-            offsets = cu_seqlens.tolist()
-            if offsets[0] != 0 or offsets[-1] != n_tokens or any(b < a for a, b in zip(offsets, offsets[1:])):
-                raise ValueError(f"cu_seqlens must rise from 0 to the number of tokens ({n_tokens}) without "
-                                 f"falling, got {offsets if len(offsets) <= 8 else offsets[:8] + ['...']}")
-            longest = max((b - a for a, b in zip(offsets, offsets[1:])), default=0)
-            if max_seqlen is not None and longest > max_seqlen:
-                raise ValueError(f"max_seqlen is {max_seqlen} but a sequence has {longest} tokens")
-            max_seqlen = longest if max_seqlen is None else max_seqlen
+        if max_seqlen is None or cu_seqlens.device.type == "cpu" or inputs.value_checks_on(cu_seqlens.device):
+            # reads the offsets: free on the host (always checked there), one synchronisation for
+            # CUDA offsets (checked where max_seqlen must be found, or value checks are on)
+            max_seqlen = _checked(cu_seqlens.tolist(), max_seqlen, n_tokens, tokens_of)
         self.L = int(max_seqlen)
         # token j of sequence b lies at b*L + (j - cu[b]) (+ L - length_b where aligned to the end):
         # j plus its sequence's offset, one repeat of B offsets and one add over the tokens
@@ -66,6 +61,21 @@ class Sequences:
     def unpad(self, y: torch.Tensor) -> torch.Tensor:
         """``[B, L, ...]`` -> ``[N, ...]``."""
         return y.reshape(self.B * self.L, *y.shape[2:]).index_select(0, self.flat)
+
+
+def _checked(offsets: list, max_seqlen, n_tokens: int, tokens_of: str) -> int:
+    """``max_seqlen``, or the longest sequence where it is None, after checking the offsets of
+    ``n_tokens`` tokens (``tokens_of`` says where they were counted)."""
+    shown = offsets if len(offsets) <= 8 else offsets[:8] + ["..."]
+    if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise ValueError(f"cu_seqlens must start at 0 and never fall, got {shown}")
+    if offsets[-1] != n_tokens:
+        raise ValueError(f"cu_seqlens must end at the number of tokens, {n_tokens}, got {shown}: packed calls "
+                         f"take the tokens along dim 0 ([total_tokens] inputs), and {tokens_of}")
+    longest = max((b - a for a, b in zip(offsets, offsets[1:])), default=0)
+    if max_seqlen is not None and longest > max_seqlen:
+        raise ValueError(f"max_seqlen is {max_seqlen} but a sequence in cu_seqlens has {longest} tokens")
+    return longest if max_seqlen is None else max_seqlen
 
 
 def _describe(x) -> str:
@@ -96,14 +106,17 @@ def run(fn, args: dict, *, reverse: bool, n_out: int = 1):
             if not isinstance(o, torch.Tensor) or (o.shape, o.dtype, o.device) != (ref.shape, ref.dtype, ref.device):
                 raise ValueError(f"out{'' if n_out == 1 else f'[{i}]'} must be a {ref.dtype} tensor of shape "
                                  f"{tuple(ref.shape)} on {ref.device}, like {ref_name}")
-    seqs = Sequences(cu_seqlens, max_seqlen, n, ref.device, align_end=reverse)
+    seqs = Sequences(cu_seqlens, max_seqlen, n, ref.device, align_end=reverse,
+                     tokens_of=f"{ref_name} has shape {tuple(ref.shape)}")
     for name, x in args.items():
         if not isinstance(x, torch.Tensor):
             continue
         if name in PER_SEQUENCE:
             if x.ndim != 1 or x.shape[0] != seqs.B:
                 raise ValueError(f"{name} must hold one value per sequence ([{seqs.B}]), got shape {tuple(x.shape)}")
-        elif x.ndim == 0 or x.shape[0] != n:
+        elif x.ndim == 0:
+            continue  # a 0-d coefficient (gamma, lmbda) holds for every token, packed or not
+        elif x.shape[0] != n:
             raise ValueError(f"{name} must be packed like {ref_name} (dim 0 of {n} tokens), got shape "
                              f"{tuple(x.shape)}")
         else:

@@ -216,7 +216,7 @@ def gather_ranks(local: torch.Tensor, group) -> torch.Tensor:
     return gathered.view(world, local.numel())
 
 
-def _combine_rows(n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, group):
+def _combine_rows(n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, group, shift: torch.Tensor | None = None):
     """The statistics of every rank's valid elements, per entry of the ``[k]`` tensors: one
     all-gather of each rank's (n, mean, m2) in float64 (24 bytes a rank and entry), then Chan et
     al.'s parallel formula,
@@ -224,11 +224,24 @@ def _combine_rows(n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, group):
         N = sum n_i,  mean = sum n_i mean_i / N,  M2 = sum (M2_i + n_i (mean_i - mean)**2),
 
     over the ranks with n_i > 0 (an empty rank's mean is NaN and must not enter the sums).
-    Returns float64 tensors (float32 where the device has no float64)."""
+    Returns float64 tensors (float32 where the device has no float64).
+
+    With ``shift`` (one value per entry, each rank's own), each rank's ``mean`` is that of
+    ``x - shift``; the shifts are gathered too (32 bytes), and the result is ``(N, ref, mean, M2)``
+    with ``mean`` that of ``x - ref``, where ``ref`` is the shift of the first rank with
+    ``n_i > 0``. Where every element equals one value the shifts are that value and the means 0,
+    so ``mean`` and ``M2`` come out exactly 0."""
     xd = torch.float32 if mean.device.type == "mps" else torch.float64
-    local = torch.stack((n.to(xd), mean.to(xd), m2.to(xd)))
-    n_i, mean_i, m2_i = gather_ranks(local.reshape(-1), group).view(-1, 3, n.numel()).unbind(1)
-    return _chan(n_i, mean_i, m2_i)
+    parts = (n, mean, m2) if shift is None else (n, mean, m2, shift)
+    local = torch.stack([p.to(xd) for p in parts])
+    gathered = gather_ranks(local.reshape(-1), group).view(-1, len(parts), n.numel()).unbind(1)
+    if shift is None:
+        return _chan(*gathered)
+    n_i, mean_i, m2_i, shift_i = gathered
+    first = (n_i > 0).to(torch.int8).argmax(0, keepdim=True)
+    ref = shift_i.gather(0, first)
+    total, mean, m2 = _chan(n_i, mean_i + (shift_i - ref), m2_i)
+    return total, ref[0], mean, m2
 
 
 def _chan(n_i, mean_i, m2_i):

@@ -172,8 +172,12 @@ def _experience_maker():
     try:
         module = importlib.import_module(_MODULE)
     except ImportError as e:
+        hint = ""
+        if (getattr(e, "name", None) or "").split(".")[0] == "flash_attn":
+            hint = (" OpenRLHF's experience maker imports flash-attn (through openrlhf.models), a CUDA build "
+                    "that does not install with a CPU-only torch: patch() needs OpenRLHF's GPU environment.")
         raise ImportError(f"rl_triton.integrations.openrlhf.patch() needs OpenRLHF 0.11 (pip install openrlhf): "
-                          f"importing {_MODULE} failed: {e}. The plain functions get_advantages_and_returns, "
+                          f"importing {_MODULE} failed: {e}.{hint} The plain functions get_advantages_and_returns, "
                           f"get_cumulative_returns and normalize_advantages work without it.") from e
     cls = getattr(module, _CLASS, None)
     if not isinstance(cls, type):

@@ -31,7 +31,7 @@ try:
 
     from triton.runtime import driver
 
-    from .builders import PARTS
+    from .builders import PARTS, PREV_FROM_OUTPUTS
     from .engine import edge_kernel, scan_kernel
 
     try:
@@ -50,9 +50,10 @@ _forced: dict = {}
 
 @contextlib.contextmanager
 def forced_plan(**plan):
-    """Force launch parameters (block_t, block_r, n_seg) so tests reach every regime at small sizes;
-    meanwhile every call takes the full path (``launch.plan_forced``: no call plan, which would
-    keep its own launch)."""
+    """Force launch parameters (block_t, block_r, n_seg, num_warps; prev_mem: whether an epilogue
+    that reads y one step back reads it from its outputs, in one segment only) so tests reach
+    every regime at small sizes; meanwhile every call takes the full path
+    (``launch.plan_forced``: no call plan, which would keep its own launch)."""
     _forced.update(plan)
     try:
         yield
@@ -76,24 +77,28 @@ def _pow2(n: int) -> int:
 
 
 def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = True, need_prev: bool = False,
-         streams: int = 2, pair: bool = False):
+         streams: int = 2, pair: bool = False, prev_from_outputs: bool = False):
     """(BLOCK_R, BLOCK_T, n_seg, chunks per segment, num_warps, SEG_BLOCK) for R rows of T steps;
-    ``need_prev``: the epilogue reads y one step back; ``streams``: float tensors read per step;
-    ``pair``: the two-state scan."""
+    ``need_prev``: the epilogue reads y one step back, by a lane gather unless
+    ``prev_from_outputs`` (read back from its outputs: the engine's PREV_MEM, one segment only);
+    ``streams``: float tensors read per step; ``pair``: the two-state scan."""
+    gather = need_prev and not prev_from_outputs
     block_t = min(_pow2(T), 512 if float64 else 1024)
     max_warps = 8  # one warp per 128 elements, up to 8
     target = 2 * _multiprocessors(device)
     tile = TILE
-    if _cdiv(R, TILE // 128) >= 4 * _multiprocessors(device):
-        if reverse and not need_prev and block_t >= 256:
+    if _many_rows(R, device):
+        if reverse and not gather and block_t >= 256:
             # one row per program, of one warp; two where four or more inputs stream in (sweeps)
             block_t, max_warps, tile = 256, 2 if streams >= 4 else 1, 256
         elif reverse or T < 4096:  # forward scans of long rows keep long chunks (sweeps)
             block_t = min(block_t, 128)  # rows enough to fill the GPU: short chunks, more programs in flight
-    elif not float64 and not need_prev and 1024 < T <= 4096 and R < target:
-        # few rows of up to 4096 steps: one pass over whole rows beats chunks and time splits
-        # (not where the epilogue reads y one step back: its lane gather over 16 warps costs more)
-        block_t, max_warps = _pow2(T), _pow2(T) // 256 if reverse else 4
+    elif not float64 and not gather and 1024 < T <= (4096 if reverse and not need_prev else 8192) and R < target:
+        # few rows of up to 4096 steps (8192 for forward scans and epilogues reading y back from
+        # their outputs): one pass over whole rows beats chunks and time splits (not where the
+        # epilogue reads y one step back by a lane gather: over 16 warps it costs more)
+        block_t = _pow2(T)
+        max_warps = block_t // 256 if reverse else (4 if block_t <= 4096 else 16)
     if not reverse and R >= target:
         max_warps = 4  # forward scans whose rows fill the GPU: 4 warps beat 8 (sweeps)
     if pair and R >= 2 * target:
@@ -115,6 +120,21 @@ def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = Tr
     return block_r, block_t, n_seg, seg_chunks, num_warps, seg_block
 
 
+def _many_rows(R: int, device: torch.device) -> bool:
+    """Rows enough for four programs of 4 rows per multiprocessor: the plan's short-chunk regime."""
+    return _cdiv(R, TILE // 128) >= 4 * _multiprocessors(device)
+
+
+def _prev_from_outputs(algo: spec.Algorithm, R: int, T: int, device: torch.device, exact_outputs: bool) -> bool:
+    """Whether an epilogue that reads y one step back reads it from its outputs (PREV_MEM): where
+    its STORE can and the outputs hold the accumulation dtype, except for many rows of more than
+    32 steps, whose 128-step chunks of one warp per row gather within the warp (H200, V-trace:
+    3.62 against 3.49 us at 4096x128 and 55.4 against 54.1 at 16384x512 read back; 5.9 against
+    11.3 at 1024x1024, 2.6 against 2.8 at 16384x16)."""
+    return algo.need_prev and exact_outputs and algo.name in PREV_FROM_OUTPUTS and not (
+        _many_rows(R, device) and T > 32)
+
+
 _launches: dict = {}
 
 
@@ -134,15 +154,22 @@ class _Config(NamedTuple):
 
 
 def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: bool, streams: int,
-                   device: torch.device) -> _Config:
-    """The launch of ``algo`` on R rows of T steps, cached per shape class."""
-    key = (algo.name, R, T, acc64, reverse, streams, device)
+                   device: torch.device, exact_outputs: bool = True) -> _Config:
+    """The launch of ``algo`` on R rows of T steps, cached per shape class; ``exact_outputs``:
+    the outputs hold the accumulation dtype (an epilogue may then read y back from them)."""
+    key = (algo.name, R, T, acc64, reverse, streams, device, exact_outputs)
     config = None if _forced else _launches.get(key)
     if config is None:
         build, init, store = PARTS[algo.name]
         need_prev = algo.need_prev
-        block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = plan(R, T, acc64, device, reverse, need_prev,
-                                                                         streams, algo.pair)
+        # y one step back read from the outputs (PREV_MEM) where the epilogue can, in one segment
+        prev_mem = bool(_forced.get("prev_mem", _prev_from_outputs(algo, R, T, device, exact_outputs)))
+        planned = plan(R, T, acc64, device, reverse, need_prev, streams, algo.pair, prev_mem)
+        if prev_mem and planned[2] > 1:
+            prev_mem = False
+            if "prev_mem" not in _forced:  # split time: the lane gather's plan
+                planned = plan(R, T, acc64, device, reverse, need_prev, streams, algo.pair)
+        block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = planned
         if algo.pair:  # the two-state scan walks whole rows (the engine splits no time for it)
             n_seg, seg_chunks = 1, _cdiv(T, block_t)
         acc = tl.float64 if acc64 else tl.float32
@@ -152,10 +179,11 @@ def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: b
         vec = min(block_t, 2 if acc64 else 4) if reverse and block_t > 8 else 0
         one_chunk = n_seg == 1 and block_t >= T
         constexprs = {phase: (build, init, store, reverse, need_prev, phase, acc, block_r, block_t, vec, seg_block,
-                              *even, one_chunk, algo.pair)
+                              *even, one_chunk, algo.pair, need_prev and prev_mem)
                       for phase in (0, 1, 2)}
         config = _Config((_cdiv(R, block_r), n_seg), block_r, block_t, seg_chunks, n_seg, constexprs, num_warps,
-                         (algo.name, acc64, reverse, block_r, block_t, seg_block, num_warps, device))
+                         (algo.name, acc64, reverse, block_r, block_t, seg_block, num_warps, need_prev and prev_mem,
+                          device))
         if not _forced:
             _launches[key] = config
     return config
@@ -217,7 +245,8 @@ class Launch:
         device = self.device = ref.device
         reverse = algo.reverse if algo.reverse is not None else bool(args.reverse)
         streams = sum(isinstance(args[i], torch.Tensor) for i in algo.streams)
-        config = self.config = _launch_config(algo, R, T, acc64, reverse, streams, device)
+        exact = all(o.dtype == (torch.float64 if acc64 else torch.float32) for o in outs)
+        config = self.config = _launch_config(algo, R, T, acc64, reverse, streams, device, exact)
         if algo.has_flags and args.terminated is not None and args.terminated is args.done:
             args = args._replace(terminated=None)  # done alone: every done a termination
         kinds = algo.kinds + ("f2",) * len(outs)

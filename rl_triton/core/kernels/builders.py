@@ -236,21 +236,40 @@ def vtrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
 def vtrace_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
     r, v, nv, nterm, ndone, g, rho_pg = ctx
     store(outs[VTRACE.vs], rows, t, mask, y + v)
-    # vs[t+1] = (vs - v)[t+1] + v[t+1], or V(s_{t+1}) where done; at the window end y_prev is the
-    # carry, (vs - v)[T], and V(s_T) the next value
+    # vs[t+1] = (vs - v)[t+1] + v[t+1], or V(s_{t+1}) where done; at the window end y one step
+    # back is the carry, (vs - v)[T], and V(s_T) the next value
     last = (t == T - 1)[None, :]
-    if ins[VTRACE.carry] is None:  # (vs - v)[T] = 0: vs[T] = V(s_T), the next value
+    carry = ins[VTRACE.carry]
+    if y_prev is None:
+        # the engine's PREV_MEM regime: vs[t+1] read back from the output just written (by this
+        # program: this chunk's steps and the previous chunks'); the carry read where t = T-1
+        tl.debug_barrier()
+        if carry is None:
+            cut = (ndone == 0) | last
+            vs_next = tl.where(cut, nv, load(outs[VTRACE.vs], rows, t + 1, mask & ~cut, ACC))
+        else:
+            inner = load(outs[VTRACE.vs], rows, t + 1, mask & ~last & (ndone != 0), ACC)
+            edge = tl.load(carry[0] + rows[:, None] * carry[1] + 0 * t[None, :], mask=mask & last, other=0.0)
+            after = edge.to(ACC) + _vtrace_after(ins, rows, t, mask & last, nv, T, ACC)
+            vs_next = tl.where(ndone == 0, nv, tl.where(last, after, inner))
+    elif carry is None:  # (vs - v)[T] = 0: vs[T] = V(s_T), the next value
         cut = (ndone == 0) | last
         vs_next = tl.where(cut, nv, y_prev + load(ins[VTRACE.values], rows, t + 1, mask & ~cut, ACC))
     else:
         inner = load(ins[VTRACE.values], rows, t + 1, mask & ~last & (ndone != 0), ACC)
-        if ins[VTRACE.next_values] is not None and ins[VTRACE.bootstrap_value] is not None:
-            # explicit next values with a bootstrap value: vs[T] = bootstrap_value + carry (spec.py)
-            after = _next_value(None, ins[VTRACE.values], ins[VTRACE.bootstrap_value], rows, t, mask & last, T, ACC)
-        else:
-            after = nv
+        after = _vtrace_after(ins, rows, t, mask & last, nv, T, ACC)
         vs_next = tl.where(ndone == 0, nv, y_prev + tl.where(last, after, inner))
     store(outs[VTRACE.pg_advantages], rows, t, mask, _vtrace_pg(r, v, vs_next, nterm, g, rho_pg))
+
+
+@triton.jit
+def _vtrace_after(ins, rows, t, mask, nv, T, ACC: tl.constexpr):
+    """V(s_T), added to the carry at the window end: the next value, or the bootstrap value where
+    explicit next values come with one (vs[T] = bootstrap_value + carry, spec.py)."""
+    if ins[VTRACE.next_values] is not None and ins[VTRACE.bootstrap_value] is not None:
+        return _next_value(None, ins[VTRACE.values], ins[VTRACE.bootstrap_value], rows, t, mask, T, ACC)
+    else:
+        return nv
 
 
 @triton.jit
@@ -307,6 +326,10 @@ def affine_scan_build(ins, rows, t, mask, T, ACC: tl.constexpr):
 
 # name: (BUILD, INIT, STORE): ``<name>_build``, ``<name>_init`` or the carry argument,
 # ``<name>_store`` or y itself
+# the STOREs that take y_prev = None in the engine's PREV_MEM regime (they read y one step back
+# from their own outputs)
+PREV_FROM_OUTPUTS = frozenset({"vtrace"})
+
 PARTS = {name: (globals()[f"{name}_build"], globals().get(f"{name}_init", carry_init),
                 globals().get(f"{name}_store", store_y))
          for name in spec.ALGORITHMS}

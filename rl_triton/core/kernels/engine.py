@@ -16,7 +16,11 @@ flip crosses one or two lanes). An algorithm plugs in three jit functions:
 BUILD and STORE see the steps ``t`` in load order (the runs mirrored, each run ascending);
 the engine mirrors alpha and beta into scan order and y back. ``y_prev`` is y one step earlier
 in scan order (at t+1 for reverse scans); the engine computes it only for algorithms that ask
-(``NEED_PREV``): the neighbouring lane, the incoming carry at the chunk's first lane.
+(``NEED_PREV``): the neighbouring lane, the incoming carry at the chunk's first lane. With
+``PREV_MEM`` (one segment per row only) the engine computes no ``y_prev`` and STORE gets None:
+it writes the outputs that hold y, waits at a barrier, and reads y one step back from them
+(this program wrote every earlier step in scan order, the previous chunks' included), which
+spares the lane gather across warps.
 
 Full tiles (``EVEN_R``/``EVEN_T``: R and T multiples of the block) drop the bound masks,
 ``ONE_CHUNK`` (one chunk per row, one segment) drops the chunk loop and the carry extraction,
@@ -174,7 +178,7 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
                 REVERSE: tl.constexpr, NEED_PREV: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, VEC: tl.constexpr, SEG_BLOCK: tl.constexpr,
                 EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, ONE_CHUNK: tl.constexpr, PAIR: tl.constexpr,
-                IDX: tl.constexpr):
+                PREV_MEM: tl.constexpr, IDX: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     if EVEN_R:
         rmask = tl.full((BLOCK_R,), 1, tl.int1)
@@ -277,7 +281,7 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
                 cb = b_end * cb
             else:
                 y = _step(A, B, ca[:, None])
-                if NEED_PREV:
+                if NEED_PREV and not PREV_MEM:
                     y_prev = _shifted(y, lanes, ca, DOWN)
                     if MIRROR:
                         y_prev = _mirror(y_prev, VEC)
@@ -285,9 +289,12 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
                     ca = _pick(y, lanes, END)
                 if MIRROR:
                     y = _mirror(y, VEC)
-                if not NEED_PREV:
-                    y_prev = y
-                STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
+                if NEED_PREV and PREV_MEM:
+                    STORE(ins, outs, rows, t, mask, y, None, ctx, T, ACC)
+                else:
+                    if not NEED_PREV:
+                        y_prev = y
+                    STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
 
     if PHASE == 1 and PAIR:
         w = (rows.to(tl.int64) * n_seg + seg) * 5
