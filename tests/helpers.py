@@ -714,3 +714,39 @@ def _run_threads(targets):
         t.start()
     for t in threads:
         t.join()
+
+
+# --------------------------------------------------------------------------------------
+# RLlib: a PPO with one remote Learner actor (tests/test_rllib_actors.py, test_rllib_setup_hook.py)
+# --------------------------------------------------------------------------------------
+
+def rllib_ray_init(**kwargs) -> None:
+    """A small local Ray cluster for one test module (two CPUs, no dashboard)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, **kwargs)
+
+
+def rllib_remote_ppo_counts(learner_class=None) -> dict:
+    """Train a tiny CartPole PPO for one iteration with ``num_learners=1`` (the Learner in its own
+    actor process) and return what that Learner process reports: whether the Learner is
+    rl_triton's ``PPOTorchLearner``, whether RLlib is patched there, rl_triton's call counts,
+    and the iteration's mean total loss."""
+    import rl_triton.integrations.rllib as rt_rllib
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    config = (PPOConfig().environment("CartPole-v1").env_runners(num_env_runners=0)
+              .training(train_batch_size=200, minibatch_size=100, num_epochs=1)
+              .learners(num_learners=1).debugging(seed=0))
+    if learner_class is not None:
+        config = config.learners(learner_class=learner_class)
+    algo = config.build_algo()
+    try:
+        result = algo.train()
+        (report,) = [r.get() for r in algo.learner_group.foreach_learner(
+            lambda learner: {"ours": isinstance(learner, rt_rllib.PPOTorchLearner), "patched": rt_rllib.is_patched(),
+                             "counts": rt_rllib.call_counts()})]
+        report["loss"] = float(result["learners"]["default_policy"]["total_loss"])
+        return report
+    finally:
+        algo.stop()

@@ -18,6 +18,7 @@ PUBLIC = {
     "rl_triton/__init__.py": "rl_triton",
     "rl_triton/integrations/sb3.py": "rl_triton.integrations.sb3",
     "rl_triton/integrations/torchrl.py": "rl_triton.integrations.torchrl",
+    "rl_triton/integrations/rllib.py": "rl_triton.integrations.rllib",
     "rl_triton/integrations/cleanrl.py": "rl_triton.integrations.cleanrl",
     "rl_triton/integrations/verl.py": "rl_triton.integrations.verl",
     "rl_triton/integrations/trl.py": "rl_triton.integrations.trl",

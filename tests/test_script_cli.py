@@ -19,7 +19,8 @@ EXAMPLES = [p for p in SCRIPTS if os.sep + "examples" + os.sep in p]
 # packages a script imports before parsing its command line (the benchmarks are tools for a set-up
 # machine; only the examples promise a --help without their packages)
 NEEDS = {"engine_ptx.py": ("triton",), "scan_ptx.py": ("triton",),
-         "sb3_crossover.py": ("gymnasium", "stable_baselines3"), "torchrl_cpu.py": ("torchrl",)}
+         "sb3_crossover.py": ("gymnasium", "stable_baselines3"), "torchrl_cpu.py": ("torchrl",),
+         "rllib_cpu.py": ("ray",)}
 OPTIONAL = ("gymnasium", "stable_baselines3", "sb3_contrib", "torchrl", "tensordict", "mujoco", "ale_py", "cv2",
             "matplotlib", "tqdm", "tensorboard", "transformers")
 
