@@ -13,6 +13,7 @@ stand-ins; in time-major memory they advance blocks of rows through time togethe
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import types as pytypes
 
@@ -224,23 +225,28 @@ def gae_time_major(rewards, values, bootstrap_value, done, last_done, gamma, lmb
     R, T = rewards.shape
     shift = 1 if done_mode == DONE_OBS_ALIGNED else 0
     for blk in prange((R + TIME_MAJOR_BLOCK - 1) // TIME_MAJOR_BLOCK):
-        lo = blk * TIME_MAJOR_BLOCK
-        hi = min(lo + TIME_MAJOR_BLOCK, R)
+        # unsigned row indices: numba adds no negative-index wraparound to them, which keeps the
+        # inner loops in vector lanes
+        lo = np.uint64(blk * TIME_MAJOR_BLOCK)
+        width = min(TIME_MAJOR_BLOCK, R - blk * TIME_MAJOR_BLOCK)
         acc = np.empty(TIME_MAJOR_BLOCK)
-        t = T - 1
-        for i in range(lo, hi):
+        t = np.uint64(T - 1)
+        for j in range(width):
+            i = lo + np.uint64(j)
             nd = _not(last_done[i]) if shift else _not(done[i, t])
             a, b = _c_gae(rewards[i, t], values[i, t], bootstrap_value[i], nd, nd, gamma, lmbda)
-            acc[i - lo] = a
+            acc[j] = a
             advantages[i, t] = a
             value_targets[i, t] = a + values[i, t]
-        for t in range(T - 2, -1, -1):
-            f = t + shift
-            for i in range(lo, hi):
+        for s in range(T - 1):
+            t = np.uint64(T - 2 - s)
+            f = t + np.uint64(shift)
+            for j in range(width):
+                i = lo + np.uint64(j)
                 nd = _not(done[i, f])
-                a, b = _c_gae(rewards[i, t], values[i, t], values[i, t + 1], nd, nd, gamma, lmbda)
-                x = _c_step(a, b, acc[i - lo])
-                acc[i - lo] = x
+                a, b = _c_gae(rewards[i, t], values[i, t], values[i, t + np.uint64(1)], nd, nd, gamma, lmbda)
+                x = _c_step(a, b, acc[j])
+                acc[j] = x
                 advantages[i, t] = x
                 value_targets[i, t] = x + values[i, t]
 
@@ -318,6 +324,55 @@ def padded_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, adva
             advantages[i, t] = acc
             value_targets[i, t] = acc + v
         _edge(edge, i, acc, gain)
+
+
+WHITEN_ROW = 16384  # elements whose (n, mean, M2) ``whiten_all`` forms in one pass pair (in cache)
+EPS_ADD, EPS_CLAMP, EPS_STD = 0, 1, 2  # whiten_all's eps_mode (rl_triton/core/whiten.py: "add", "clamp", "std")
+
+
+def whiten_all(x, out, parts, unbiased, shift_mean, scale, eps, eps_mode):
+    """``masked_whiten`` over every element of the flat ``x`` into ``out`` (may be ``x``): each
+    run of WHITEN_ROW elements reduced to its ``(n, mean, M2)`` in float64 (``parts``, float64
+    ``[P, 3]``), the runs folded by Chan et al.'s formula, then y = (x - mean) * rstd (+ mean
+    where not ``shift_mean``) in float64, rounded once to ``out``'s dtype. IEEE throughout
+    (compiled with numpy's error model): an empty x or n = 1 unbiased gives NaN."""
+    n = x.shape[0]
+    P = parts.shape[0]
+    for p in prange(P):
+        run = x[p * WHITEN_ROW:(p + 1) * WHITEN_ROW]  # indices from 0: no wraparound checks, vector lanes
+        total = 0.0
+        for i in range(run.shape[0]):
+            total += run[i]
+        mean = total / run.shape[0]
+        m2 = 0.0
+        for i in range(run.shape[0]):
+            d = run[i] - mean
+            m2 += d * d
+        parts[p, 0] = run.shape[0]
+        parts[p, 1] = mean
+        parts[p, 2] = m2
+    weighted = 0.0
+    for p in range(P):
+        weighted += parts[p, 0] * parts[p, 1]
+    mean = weighted / n
+    m2 = 0.0
+    for p in range(P):
+        d = parts[p, 1] - mean
+        m2 += parts[p, 2] + parts[p, 0] * d * d
+    var = m2 / (n - 1) if unbiased else m2 / n
+    rstd = 1.0
+    if scale:
+        if eps_mode == EPS_STD:
+            rstd = 1.0 / (math.sqrt(var) + eps)
+        elif eps_mode == EPS_CLAMP:
+            rstd = 1.0 / math.sqrt(var if var > eps or var != var else eps)
+        else:
+            rstd = 1.0 / math.sqrt(var + eps)
+    back = 0.0 if shift_mean else mean
+    for p in prange(P):
+        run, dest = x[p * WHITEN_ROW:(p + 1) * WHITEN_ROW], out[p * WHITEN_ROW:(p + 1) * WHITEN_ROW]
+        for i in range(run.shape[0]):
+            dest[i] = (run[i] - mean) * rstd + back
 
 
 def masked_moments(x, mask, moments):
@@ -486,7 +541,9 @@ _PARALLEL = threading.Lock()
 
 
 # kernels whose floating-point sums may be reassociated (vectorised); NaN and inf keep their meaning
-REASSOCIATE = frozenset(("masked_moments",))
+REASSOCIATE = frozenset(("masked_moments", "whiten_all"))
+# kernels compiled with numpy's error model: a division by zero gives inf or NaN, as in IEEE
+IEEE = frozenset(("whiten_all",))
 
 
 def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
@@ -501,6 +558,7 @@ def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
             "u1": nb.types.Array(nb.types.uint8, 1, "A", readonly=True), "o2": nb.types.Array(ft, 2, "A"),
             # C-contiguous rows (simpler addressing; loops that vectorise)
             "c2": nb.types.Array(ft, 2, "C", readonly=True), "oc2": nb.types.Array(ft, 2, "C"),
+            "c1": nb.types.Array(ft, 1, "C", readonly=True), "oc1": nb.types.Array(ft, 1, "C"),
             "cu2": nb.types.Array(nb.types.uint8, 2, "C", readonly=True),
             "e": nb.types.Array(nb.types.float64, 2, "C"),
             # F-contiguous [R, T] rows of time-major memory (rows adjacent: the inner loop's stride)
@@ -510,7 +568,8 @@ def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
         }
         sig = nb.types.void(*(types[k] for k in arg_kinds))
         fastmath = {"reassoc", "contract"} if fn.__name__ in REASSOCIATE else False
-        _compiled[key] = nb.njit(sig, parallel=parallel, cache=True, nogil=True, fastmath=fastmath)(
+        _compiled[key] = nb.njit(sig, parallel=parallel, cache=True, nogil=True, fastmath=fastmath,
+                                 error_model="numpy" if fn.__name__ in IEEE else "python")(
             _renamed(fn, "_parallel") if parallel else fn)
     return _compiled[key]
 
@@ -577,6 +636,21 @@ def _flag_bytes(x: torch.Tensor) -> np.ndarray:
     out = np.empty_like(a, dtype=np.uint8)  # same memory order as a
     _nonzero_bytes(a.ravel(order="K"), out.ravel(order="K"))
     return out
+
+
+def whiten_flat(x: torch.Tensor, out: torch.Tensor, unbiased: bool, shift_mean: bool, scale: bool, eps: float,
+                eps_mode: int) -> None:
+    """:func:`whiten_all` on the float32 or float64 CPU tensors ``x`` and ``out`` (contiguous,
+    one shape and dtype; ``out`` may be ``x``)."""
+    a, y = x.detach().reshape(-1).numpy(), out.reshape(-1).numpy()
+    parts = np.empty((max(1, -(-a.shape[0] // WHITEN_ROW)), 3))
+    parallel = parts.shape[0] > 1 and a.shape[0] >= PARALLEL_MIN_ELEMENTS
+    kernel = _kernel(whiten_all, ("c1", "oc1", "e", "b", "b", "b", "s", "i"), _NUMPY_DTYPES[x.dtype], parallel)
+    if parallel:
+        with _PARALLEL:
+            kernel(a, y, parts, unbiased, shift_mean, scale, eps, eps_mode)
+    else:
+        kernel(a, y, parts, unbiased, shift_mean, scale, eps, eps_mode)
 
 
 def row_moments(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

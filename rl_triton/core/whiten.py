@@ -120,6 +120,11 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
         y = out if out is not None else torch.empty_like(x)
         _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode)
         return y
+    if backend == "cpu" and not grad and x.numel() and mask is None and group is None and x.dtype == cd \
+            and x.is_contiguous() and (out is None or out.is_contiguous()):
+        y = out if out is not None else torch.empty_like(x)  # every element: one kernel, statistics and output
+        cpu.whiten_flat(x, y, unbiased, shift_mean, scale, eps, EPS_MODES.index(eps_mode))
+        return y
     if backend == "cpu" and not grad and x.numel():
         n, mean, m2 = _row_moments(x, mask, cd)
     else:
