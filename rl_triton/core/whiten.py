@@ -103,7 +103,8 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
     backend, without a group or gradients, contiguous tensors take three kernel passes (block
     partials ``(n, mean, M2)``, their fold, the normalisation); on the numba backend (CPU, no
     gradients) the statistics are one kernel (each row's ``(n, mean, M2)`` in float64, folded by
-    Chan et al.'s formula), the normalisation torch ops; elsewhere torch ops.
+    Chan et al.'s formula), the normalisation torch ops, and without a mask (contiguous, no
+    group) statistics and output are one kernel; elsewhere torch ops.
     """
     x, mask, group = _check_x_mask_group(x, mask, group)
     eps = check_whiten_options(unbiased, shift_mean, scale, eps, eps_mode)
