@@ -20,6 +20,7 @@ PUBLIC = {
     "rl_triton/integrations/torchrl.py": "rl_triton.integrations.torchrl",
     "rl_triton/integrations/rllib.py": "rl_triton.integrations.rllib",
     "rl_triton/integrations/cleanrl.py": "rl_triton.integrations.cleanrl",
+    "rl_triton/integrations/rsl_rl.py": "rl_triton.integrations.rsl_rl",
     "rl_triton/integrations/verl.py": "rl_triton.integrations.verl",
     "rl_triton/integrations/trl.py": "rl_triton.integrations.trl",
     "rl_triton/integrations/openrlhf.py": "rl_triton.integrations.openrlhf",

@@ -18,7 +18,7 @@ import torch
 
 from . import cpu, inputs, launch
 
-EPS_MODES = ("add", "clamp")
+EPS_MODES = ("add", "clamp", "std")
 
 
 def masked_moments(x, mask=None, *, group=None):
@@ -83,13 +83,16 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
         var  = M2 / (n - 1)                       if unbiased (default) else M2 / n
         rstd = 1 / sqrt(var + eps)                eps_mode="add"   (verl's masked_whiten)
              = 1 / sqrt(max(var, eps))            eps_mode="clamp" (OpenRLHF's normalisation)
+             = 1 / (sqrt(var) + eps)              eps_mode="std"   (x.std() + eps: rsl_rl, skrl, rl_games)
              = 1                                  scale=False      (OpenRLHF's no_std_norm)
         y = (x - mean) * rstd,  then y + mean     if not shift_mean
 
     ``y`` covers every position, the masked ones included (same ``mean`` and ``rstd``), and has
     ``x``'s shape and dtype; statistics accumulate in float32 (float64 for float64 ``x``), mean
     first, then the sum of squared deviations. verl: the defaults. OpenRLHF: ``unbiased=False,
-    eps_mode="clamp"``, plus ``scale=False`` for ``--algo.advantage.no_std_norm``.
+    eps_mode="clamp"``, plus ``scale=False`` for ``--algo.advantage.no_std_norm``. rsl_rl, skrl
+    and rl_games (``(x - x.mean()) / (x.std() + 1e-8)`` over the whole batch): ``mask=None,
+    eps_mode="std"``.
 
     No host synchronisation, hence no error for a degenerate selection: ``n = 0`` makes every
     output NaN (mean = 0/0), and so does ``n = 1`` with ``unbiased=True`` (var = 0/0). A NaN at
@@ -100,7 +103,8 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
     backend, without a group or gradients, contiguous tensors take three kernel passes (block
     partials ``(n, mean, M2)``, their fold, the normalisation); on the numba backend (CPU, no
     gradients) the statistics are one kernel (each row's ``(n, mean, M2)`` in float64, folded by
-    Chan et al.'s formula), the normalisation torch ops; elsewhere torch ops.
+    Chan et al.'s formula), the normalisation torch ops, and without a mask (contiguous, no
+    group) statistics and output are one kernel; elsewhere torch ops.
     """
     x, mask, group = _check_x_mask_group(x, mask, group)
     eps = check_whiten_options(unbiased, shift_mean, scale, eps, eps_mode)
@@ -115,7 +119,12 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
     if backend == "triton" and group is None and not grad and not torch.compiler.is_compiling() \
             and x.is_contiguous() and (mask is None or mask.is_contiguous()) and (out is None or out.is_contiguous()):
         y = out if out is not None else torch.empty_like(x)
-        _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode == "clamp")
+        _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode)
+        return y
+    if backend == "cpu" and not grad and x.numel() and mask is None and group is None and x.dtype == cd \
+            and x.is_contiguous() and (out is None or out.is_contiguous()):
+        y = out if out is not None else torch.empty_like(x)  # every element: one kernel, statistics and output
+        cpu.whiten_flat(x, y, unbiased, shift_mean, scale, eps, EPS_MODES.index(eps_mode))
         return y
     if backend == "cpu" and not grad and x.numel():
         n, mean, m2 = _row_moments(x, mask, cd)
@@ -133,7 +142,10 @@ def _normalized(x, n, mean, m2, out, grad, unbiased, shift_mean, scale, eps, eps
     rstd = None
     if scale:
         var = m2 / (n - 1) if unbiased else m2 / n
-        rstd = torch.rsqrt(var + eps if eps_mode == "add" else var.clamp(min=eps)).to(cd)
+        if eps_mode == "std":
+            rstd = (1.0 / (var.sqrt() + eps)).to(cd)
+        else:
+            rstd = torch.rsqrt(var + eps if eps_mode == "add" else var.clamp(min=eps)).to(cd)
     mean = mean.to(cd)
 
     xf = x if x.dtype == cd else x.to(cd)
@@ -151,13 +163,21 @@ def _normalized(x, n, mean, m2, out, grad, unbiased, shift_mean, scale, eps, eps
 
 
 # -- statistics ------------------------------------------------------------------------------
+MOMENT_ROW = 16384  # elements a row of the numba statistics holds (128 KB of float64: in cache for both passes)
+
+
 def _row_moments(x: torch.Tensor, mask: torch.Tensor | None, cd: torch.dtype):
-    """``_local_moments`` by the numba kernel: each row of ``x`` (all dimensions but the last
-    flattened) reduced to its ``(n, mean, M2)`` in float64, the rows folded by Chan et al.'s
-    formula; in ``cd`` (n int64)."""
-    rows = (x if x.dtype == cd else x.to(cd)).reshape(-1, x.shape[-1] if x.ndim else 1)
-    parts = cpu.row_moments(rows, None if mask is None else mask.reshape(rows.shape))
-    n, mean, m2 = _chan(*parts.unbind(1))
+    """``_local_moments`` by the numba kernel: the elements of ``x`` in memory order, in rows of
+    ``MOMENT_ROW`` (a shorter last one), each row reduced to its ``(n, mean, M2)`` in float64,
+    the rows folded by Chan et al.'s formula; in ``cd`` (n int64)."""
+    flat = (x if x.dtype == cd else x.to(cd)).reshape(-1)
+    valid = None if mask is None else mask.reshape(-1)
+    width = min(flat.numel(), MOMENT_ROW)
+    whole = flat.numel() // width * width
+    parts = [cpu.row_moments(flat[:whole].view(-1, width), None if valid is None else valid[:whole].view(-1, width))]
+    if whole < flat.numel():
+        parts.append(cpu.row_moments(flat[whole:].view(1, -1), None if valid is None else valid[whole:].view(1, -1)))
+    n, mean, m2 = _chan(*torch.cat(parts).unbind(1))
     return n.to(torch.int64), mean.to(cd), m2.to(cd)
 
 
@@ -177,7 +197,7 @@ def _local_moments(x: torch.Tensor, mask: torch.Tensor | None, cd: torch.dtype):
     return n, mean, (dev * dev).sum()
 
 
-def _fused(x, mask, y, unbiased, shift_mean, scale, eps, clamp):
+def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
     """Whiten contiguous ``x`` into ``y`` (which may be ``x``) with the Triton kernels of
     rl_triton/core/kernels/moments.py: block partials, their fold, the normalisation."""
     import triton.language as tl
@@ -193,8 +213,8 @@ def _fused(x, mask, y, unbiased, shift_mean, scale, eps, clamp):
     grid = (parts.shape[0],)
     k.moments_kernel[grid](flat, flat if valid is None else valid, parts, n, HAS_MASK=valid is not None,
                            BLOCK=k.BLOCK, ACC=acc)
-    k.fold_kernel[(1,)](parts, stats, parts.shape[0], eps, UNBIASED=unbiased, SCALE=scale, CLAMP=clamp,
-                        FOLD_BLOCK=k.FOLD_BLOCK)
+    k.fold_kernel[(1,)](parts, stats, parts.shape[0], eps, UNBIASED=unbiased, SCALE=scale,
+                        CLAMP=eps_mode == "clamp", STD=eps_mode == "std", FOLD_BLOCK=k.FOLD_BLOCK)
     k.normalize_kernel[grid](flat, out, stats, n, SHIFT_BACK=not shift_mean, BLOCK=k.BLOCK, ACC=acc)
 
 
