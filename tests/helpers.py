@@ -714,3 +714,17 @@ def _run_threads(targets):
         t.start()
     for t in threads:
         t.join()
+
+
+def count_calls(monkeypatch, module, name: str = "gae") -> list:
+    """Replace ``module.name`` (for the test) by a wrapper that counts its calls: the list it
+    appends one item to per call."""
+    calls = []
+    inner = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
