@@ -9,6 +9,7 @@ inputs are compared against the oracle on the rounded data).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -728,3 +729,24 @@ def count_calls(monkeypatch, module, name: str = "gae") -> list:
 
     monkeypatch.setattr(module, name, counted)
     return calls
+
+
+@contextlib.contextmanager
+def held_in_thread(context):
+    """Enter ``context()`` (a ``patched`` of an integration) in another thread and hold it
+    until this block ends; the thread's block then closes."""
+    opened, release = threading.Event(), threading.Event()
+
+    def hold():
+        with context():
+            opened.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert opened.wait(10), "the thread's block did not open"
+        yield
+    finally:
+        release.set()
+        thread.join()

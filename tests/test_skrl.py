@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("gymnasium")
 pytest.importorskip("skrl")
 import rl_triton.integrations.skrl as rt_skrl  # noqa: E402
-from helpers import count_calls  # noqa: E402
+from helpers import count_calls, held_in_thread  # noqa: E402
 
 ORIGINALS = dict(rt_skrl._ORIGINALS)
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-12, atol=1e-12)}
@@ -131,20 +131,9 @@ def test_patch_contract():
 
 def test_patch_holders_across_threads():
     module = rt_skrl._MODULES["skrl.agents.torch.ppo.ppo"]
-    opened, release = threading.Event(), threading.Event()
-
-    def block():
-        with rt_skrl.patched():
-            opened.set()
-            release.wait(5)
-
-    thread = threading.Thread(target=block)
-    thread.start()
-    opened.wait(5)
-    assert module.compute_gae is rt_skrl.compute_gae
-    rt_skrl.patch()
-    release.set()
-    thread.join()
+    with held_in_thread(rt_skrl.patched):
+        assert module.compute_gae is rt_skrl.compute_gae
+        rt_skrl.patch()
     assert module.compute_gae is rt_skrl.compute_gae  # patch() still holds it
     rt_skrl.unpatch()
     assert module.compute_gae is ORIGINALS["skrl.agents.torch.ppo.ppo"]
