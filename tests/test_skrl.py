@@ -12,7 +12,7 @@ pytest.importorskip("skrl")
 import rl_triton.integrations.skrl as rt_skrl  # noqa: E402
 from helpers import count_calls, held_in_thread  # noqa: E402
 
-ORIGINALS = dict(rt_skrl._ORIGINALS)
+ORIGINALS = dict(rt_skrl._ORIGINALS) if rt_skrl._load() else {}
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-12, atol=1e-12)}
 
 
@@ -221,3 +221,37 @@ def test_ppo_agent_trains_the_same(tmp_path, monkeypatch):
     patched = _ppo_run(PPO, tmp_path)
     assert len(calls) == 2
     _close(patched[0], theirs[0], torch.float32)
+
+
+_WITHOUT_FRAMEWORKS = """
+import sys
+sys.modules.update({"skrl": None, "rl_games": None})  # neither framework importable
+import torch
+import rl_triton.integrations.rl_games as rt_rl_games
+import rl_triton.integrations.skrl as rt_skrl
+
+r, v, last = torch.randn(8, 4, 1), torch.randn(8, 4, 1), torch.randn(4, 1)
+term = torch.zeros(8, 4, 1, dtype=torch.bool)
+returns, adv = rt_skrl.compute_gae(rewards=r, terminated=term, truncated=term, values=v, last_values=last)
+assert torch.allclose(returns[-1], r[-1] + 0.99 * last)
+agent = type("Agent", (), {"horizon_length": 8, "gamma": 0.99, "tau": 0.95})()
+adv = rt_rl_games.discount_values(agent, torch.zeros(4), last, torch.zeros(8, 4), v, r)
+assert torch.allclose(adv[-1], r[-1] + 0.99 * last - v[-1])
+for module, name in ((rt_skrl, "PPO"), (rt_rl_games, "A2CAgent")):
+    try:
+        getattr(module, name)
+    except ImportError:
+        pass
+    else:
+        raise AssertionError(name + " without its framework")
+print("ok")
+"""
+
+
+def test_drop_ins_need_no_framework():
+    # the benchmark machine has neither framework: the drop-in functions import and run there
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_FRAMEWORKS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

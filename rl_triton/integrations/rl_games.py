@@ -15,6 +15,8 @@ the config keeps ``algo: name: a2c_continuous``)::
 
 The agents here, ``A2CAgent`` and ``DiscreteA2CAgent``, are rl_games' with the two methods
 replaced; ``FusedDiscount`` is the mixin for agents of one's own that derive from ``A2CBase``.
+The two methods need no rl_games for the form rl_games' agents pass; ``patch()``, ``register``
+and the agent classes import it.
 
 Conventions mapped here (docs/rl_games.md): time-major ``[horizon_length, N, K]`` rewards and
 values (``K = value_size``, the value heads), ``mb_fdones[t]`` the done flag stored with obs t,
@@ -30,20 +32,43 @@ where the fused call raises, the method raises what rl_games' own method raises,
 from __future__ import annotations
 
 import functools
+import importlib
+import sys
+import threading
 
 import torch
-from rl_games.algos_torch import a2c_continuous as _continuous
-from rl_games.algos_torch import a2c_discrete as _discrete
-from rl_games.common import a2c_common as _a2c_common
 
 from .. import gae
 from ._patching import PatchState, error_of
 
-__all__ = ["A2CAgent", "DiscreteA2CAgent", "FusedDiscount", "discount_values", "discount_values_masks",
-           "is_patched", "patch", "patched", "register", "unpatch"]
+__all__ = ["AGENTS", "A2CAgent", "DiscreteA2CAgent", "FusedDiscount", "RL_GAMES_VERSION", "discount_values",
+           "discount_values_masks", "is_patched", "patch", "patched", "register", "unpatch"]
 
-_BASE = _a2c_common.A2CBase
-_ORIGINALS = {name: _BASE.__dict__[name] for name in ("discount_values", "discount_values_masks")}
+RL_GAMES_VERSION = "1.6.5"  # the version these drop-ins were written and checked against
+_A2C_COMMON = "rl_games.common.a2c_common"
+METHODS = ("discount_values", "discount_values_masks")
+# the agent classes here: name -> (rl_games' module, the algorithm name its Runner builds it for)
+AGENTS = {"A2CAgent": ("rl_games.algos_torch.a2c_continuous", "a2c_continuous"),
+          "DiscreteA2CAgent": ("rl_games.algos_torch.a2c_discrete", "a2c_discrete")}
+
+_lock = threading.Lock()
+_ORIGINALS: dict = {}  # method name -> A2CBase's function, as found when rl_games is first used here
+
+
+def _base():
+    """rl_games' ``A2CBase``, imported on first use; its methods are recorded then."""
+    base = importlib.import_module(_A2C_COMMON).A2CBase
+    with _lock:
+        if not _ORIGINALS:
+            _ORIGINALS.update({name: base.__dict__[name] for name in METHODS})
+    return base
+
+
+def _rl_games_method(name: str):
+    """rl_games' own method, for its loop and its errors: None where rl_games is not imported."""
+    if name in _ORIGINALS:
+        return _ORIGINALS[name]
+    return _base().__dict__[name] if _A2C_COMMON in sys.modules else None
 
 
 def _fused_form(agent, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb_masks=None) -> bool:
@@ -84,20 +109,25 @@ def _advantages(agent, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb
 
 
 def _fused(name: str):
-    original = _ORIGINALS[name]
-
     def method(self, *args):
         if not _fused_form(self, *args):
+            original = _rl_games_method(name)
+            if original is None:
+                raise ValueError(f"{name}: these arguments need rl_games' own loop (shapes other than "
+                                 "[T, N, K] values with [T, N] flags, or a horizon_length that is not T), "
+                                 "and rl_games is not imported")
             return original(self, *args)
         try:
             return _advantages(self, *args)
         except Exception:
-            error = error_of(original, (self, *args), {})
+            original = _rl_games_method(name)
+            error = None if original is None else error_of(original, (self, *args), {})
             if error is None:
                 raise
             raise error from None
 
-    return functools.wraps(original)(method)
+    method.__name__ = method.__qualname__ = name
+    return method
 
 
 discount_values = _fused("discount_values")
@@ -119,15 +149,18 @@ class FusedDiscount:
     discount_values_masks = discount_values_masks
 
 
-class A2CAgent(FusedDiscount, _continuous.A2CAgent):
-    """rl_games' continuous-action PPO agent (``a2c_continuous``) with the fused GAE."""
-
-
-class DiscreteA2CAgent(FusedDiscount, _discrete.DiscreteA2CAgent):
-    """rl_games' discrete-action PPO agent (``a2c_discrete``) with the fused GAE."""
-
-
-AGENTS = {"a2c_continuous": A2CAgent, "a2c_discrete": DiscreteA2CAgent}
+def __getattr__(name: str):
+    """The agent classes (``AGENTS``), made from rl_games' on first access: rl_games' class with
+    ``FusedDiscount`` first in its bases, under rl_games' name."""
+    if name not in AGENTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _base()
+    rl_games_cls = getattr(importlib.import_module(AGENTS[name][0]), name)
+    cls = type(name, (FusedDiscount, rl_games_cls), {"__module__": __name__, "__qualname__": name,
+                                                     "__doc__": f"rl_games' ``{name}`` with the fused GAE."})
+    with _lock:
+        cls = globals().setdefault(name, cls)
+    return cls
 
 
 def register(runner) -> None:
@@ -137,8 +170,8 @@ def register(runner) -> None:
     factory = getattr(runner, "algo_factory", None)
     if factory is None or not callable(getattr(factory, "register_builder", None)):
         raise TypeError(f"runner must be an rl_games Runner (with an algo_factory), got {type(runner).__name__}")
-    for name, cls in AGENTS.items():
-        factory.register_builder(name, functools.partial(_build, cls))
+    for name, (_, algo) in AGENTS.items():
+        factory.register_builder(algo, functools.partial(_build, __getattr__(name)))
 
 
 def _build(cls, **kwargs):
@@ -146,13 +179,15 @@ def _build(cls, **kwargs):
 
 
 def _apply() -> None:
-    _BASE.discount_values = discount_values
-    _BASE.discount_values_masks = discount_values_masks
+    base = _base()
+    base.discount_values = discount_values
+    base.discount_values_masks = discount_values_masks
 
 
 def _restore() -> None:
+    base = _base()
     for name, fn in _ORIGINALS.items():
-        setattr(_BASE, name, fn)
+        setattr(base, name, fn)
 
 
 _state = PatchState(_apply, _restore)
@@ -160,7 +195,7 @@ _state = PatchState(_apply, _restore)
 
 def patch() -> None:
     """Route ``A2CBase.discount_values`` and ``discount_values_masks`` (and so every agent that
-    inherits them) through rl_triton until ``unpatch()``. Idempotent. Thread-safe; shared with
+    inherits them) through rl_triton until ``unpatch()``. Imports rl_games. Idempotent. Thread-safe; shared with
     ``patched()`` blocks in any thread."""
     _state.patch()
 

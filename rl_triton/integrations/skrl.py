@@ -12,7 +12,9 @@ or per agent, without patching, by changing the import (one line)::
 
 The agent classes here (``A2C``, ``A2C_RNN``, ``AMP``, ``PPO``, ``PPO_RNN``, ``RPO``,
 ``RPO_RNN``, ``TRPO``, ``TRPO_RNN``, ``IPPO``, ``MAPPO``) are skrl's, with ``update`` running
-rl_triton's GAE; agents of skrl's own classes keep skrl's loop, also in other threads.
+rl_triton's GAE (``FusedUpdate``, the mixin, for one's own subclasses); agents of skrl's own
+classes keep skrl's loop, also in other threads. ``compute_gae`` and ``compute_gae_rnn`` need
+no skrl; ``patch()`` and the agent classes import it.
 
 skrl defines ``compute_gae`` once per agent module (``FEED_FORWARD`` and ``RECURRENT`` name
 them), in two signatures, and each agent's ``update`` calls its module's function by name:
@@ -36,29 +38,21 @@ import contextlib
 import contextvars
 import functools
 import importlib
+import sys
 import threading
 
 import torch
-from skrl.agents.torch.a2c import a2c as _a2c
-from skrl.agents.torch.a2c import a2c_rnn as _a2c_rnn
-from skrl.agents.torch.amp import amp as _amp
-from skrl.agents.torch.ppo import ppo as _ppo
-from skrl.agents.torch.ppo import ppo_rnn as _ppo_rnn
-from skrl.agents.torch.rpo import rpo as _rpo
-from skrl.agents.torch.rpo import rpo_rnn as _rpo_rnn
-from skrl.agents.torch.trpo import trpo as _trpo
-from skrl.agents.torch.trpo import trpo_rnn as _trpo_rnn
-from skrl.multi_agents.torch.ippo import ippo as _ippo
-from skrl.multi_agents.torch.mappo import mappo as _mappo
 
 from .. import gae
 from ._patching import PatchState, error_of
 
 __all__ = [
     "A2C", "A2C_RNN", "AMP", "FEED_FORWARD", "IPPO", "MAPPO", "PPO", "PPO_RNN", "RECURRENT", "RPO", "RPO_RNN",
-    "TRPO", "TRPO_RNN", "compute_gae", "compute_gae_rnn", "is_patched", "patch", "patched", "unpatch",
+    "AGENTS", "FusedUpdate", "SKRL_VERSION", "TRPO", "TRPO_RNN", "compute_gae", "compute_gae_rnn", "is_patched", "patch", "patched",
+    "unpatch",
 ]
 
+SKRL_VERSION = "2.1.1"  # the version these drop-ins were written and checked against
 # the modules whose compute_gae has the feed-forward signature (terminated, truncated,
 # last_values, time_limit_bootstrap) and the recurrent one (terminated, next_values)
 FEED_FORWARD = ("skrl.agents.torch.a2c.a2c", "skrl.agents.torch.amp.amp", "skrl.agents.torch.ppo.ppo",
@@ -66,8 +60,39 @@ FEED_FORWARD = ("skrl.agents.torch.a2c.a2c", "skrl.agents.torch.amp.amp", "skrl.
                 "skrl.multi_agents.torch.mappo.mappo")
 RECURRENT = ("skrl.agents.torch.a2c.a2c_rnn", "skrl.agents.torch.ppo.ppo_rnn", "skrl.agents.torch.rpo.rpo_rnn",
              "skrl.agents.torch.trpo.trpo_rnn")
-_MODULES = {name: importlib.import_module(name) for name in FEED_FORWARD + RECURRENT}
-_ORIGINALS = {name: module.__dict__["compute_gae"] for name, module in _MODULES.items()}
+# the agent classes here: name -> skrl's module that defines it
+AGENTS = {"A2C": "skrl.agents.torch.a2c.a2c", "A2C_RNN": "skrl.agents.torch.a2c.a2c_rnn",
+          "AMP": "skrl.agents.torch.amp.amp", "PPO": "skrl.agents.torch.ppo.ppo",
+          "PPO_RNN": "skrl.agents.torch.ppo.ppo_rnn", "RPO": "skrl.agents.torch.rpo.rpo",
+          "RPO_RNN": "skrl.agents.torch.rpo.rpo_rnn", "TRPO": "skrl.agents.torch.trpo.trpo",
+          "TRPO_RNN": "skrl.agents.torch.trpo.trpo_rnn", "IPPO": "skrl.multi_agents.torch.ippo.ippo",
+          "MAPPO": "skrl.multi_agents.torch.mappo.mappo"}
+
+_lock = threading.Lock()
+_MODULES: dict = {}  # module name -> module, once skrl is imported by patching or an agent class
+_ORIGINALS: dict = {}  # module name -> skrl's compute_gae there, as found on first import
+
+
+def _load() -> dict:
+    """skrl's agent modules, imported on first use; their functions are recorded then."""
+    with _lock:
+        if not _MODULES:
+            for name in FEED_FORWARD + RECURRENT:
+                module = importlib.import_module(name)
+                _ORIGINALS[name] = module.__dict__["compute_gae"]
+                _MODULES[name] = module
+    return _MODULES
+
+
+def _skrl_function(recurrent: bool):
+    """skrl's own function of that signature, for the error path: None where skrl's agent
+    modules are not imported."""
+    name = RECURRENT[1] if recurrent else FEED_FORWARD[2]
+    if name in _ORIGINALS:
+        return _ORIGINALS[name]
+    module = sys.modules.get(name)
+    fn = None if module is None else getattr(module, "compute_gae", None)
+    return None if fn is None or fn in (compute_gae, compute_gae_rnn) else fn
 
 # skrl's normalisation: (A - mean) / (std + eps), std with Bessel's correction
 _EPS = 1e-8
@@ -99,8 +124,9 @@ def _gae_normalized(rewards, values, done, last_values, gamma, lmbda):
     return returns, _normalized(adv)
 
 
-def _raises_as_skrl(original):
-    """Where the drop-in raises, raise what skrl's own function raises on the arguments, if it does."""
+def _raises_as_skrl(recurrent: bool):
+    """Where the drop-in raises and skrl is imported, raise what skrl's own function raises on
+    the arguments, if it does."""
 
     def wrap(ours):
         @functools.wraps(ours)
@@ -108,7 +134,8 @@ def _raises_as_skrl(original):
             try:
                 return ours(**kwargs)
             except Exception:
-                error = error_of(original, (), kwargs)
+                original = _skrl_function(recurrent)
+                error = None if original is None else error_of(original, (), kwargs)
                 if error is None:
                     raise
                 raise error from None
@@ -118,7 +145,7 @@ def _raises_as_skrl(original):
     return wrap
 
 
-@_raises_as_skrl(_ORIGINALS["skrl.agents.torch.ppo.ppo"])
+@_raises_as_skrl(recurrent=False)
 def compute_gae(*, rewards: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor, values: torch.Tensor,
                 last_values: torch.Tensor, discount_factor: float = 0.99, lambda_coefficient: float = 0.95,
                 time_limit_bootstrap: bool = False):
@@ -133,7 +160,7 @@ def compute_gae(*, rewards: torch.Tensor, terminated: torch.Tensor, truncated: t
     return _gae_normalized(rewards, values, done, last_values, discount_factor, lambda_coefficient)
 
 
-@_raises_as_skrl(_ORIGINALS["skrl.agents.torch.ppo.ppo_rnn"])
+@_raises_as_skrl(recurrent=True)
 def compute_gae_rnn(*, rewards: torch.Tensor, terminated: torch.Tensor, values: torch.Tensor,
                     next_values: torch.Tensor, discount_factor: float = 0.99, lambda_coefficient: float = 0.95):
     """skrl's ``compute_gae`` of the recurrent agents (``*_rnn`` modules) as one fused scan:
@@ -143,16 +170,16 @@ def compute_gae_rnn(*, rewards: torch.Tensor, terminated: torch.Tensor, values: 
 
 
 # -- patching ------------------------------------------------------------------------------
-_lock = threading.Lock()
 _modes = {"patch": False, "agents": 0}  # patch() in effect; this module's agents inside update()
 _ROUTED = contextvars.ContextVar("rl_triton_skrl_routed", default=False)
+_ROUTERS: dict = {}
 
 
 def _ours(name: str):
     return compute_gae_rnn if name in RECURRENT else compute_gae
 
 
-def _routed(name: str):
+def _router(name: str):
     """The module function while only this module's agents ask for rl_triton: theirs for the
     calls made inside such an agent's ``update``, skrl's own for every other caller."""
     ours, original = _ours(name), _ORIGINALS[name]
@@ -164,21 +191,21 @@ def _routed(name: str):
     return compute_gae
 
 
-_ROUTERS = {name: _routed(name) for name in _MODULES}
-
-
 def _sync() -> None:
     """Set each module's ``compute_gae`` for the modes in effect (call with ``_lock`` held)."""
     for name, module in _MODULES.items():
         if _modes["patch"]:
             module.compute_gae = _ours(name)
         elif _modes["agents"]:
+            if name not in _ROUTERS:
+                _ROUTERS[name] = _router(name)
             module.compute_gae = _ROUTERS[name]
         else:
             module.compute_gae = _ORIGINALS[name]
 
 
 def _set_patch(on: bool) -> None:
+    _load()
     with _lock:
         _modes["patch"] = on
         _sync()
@@ -190,7 +217,8 @@ _state = PatchState(lambda: _set_patch(True), lambda: _set_patch(False))
 def patch() -> None:
     """Route ``compute_gae`` of every module in ``FEED_FORWARD`` and ``RECURRENT`` through
     rl_triton until ``unpatch()``: ``compute_gae`` or ``compute_gae_rnn`` by the module's
-    signature. Idempotent. Thread-safe; shared with ``patched()`` blocks in any thread."""
+    signature. Imports skrl's agent modules. Idempotent. Thread-safe; shared with
+    ``patched()`` blocks in any thread."""
     _state.patch()
 
 
@@ -214,6 +242,7 @@ def patched():
 
 @contextlib.contextmanager
 def _routing():
+    _load()
     with _lock:
         _modes["agents"] += 1
         _sync()
@@ -227,53 +256,23 @@ def _routing():
             _sync()
 
 
-class _FusedUpdate:
-    """Mixin: the agent's ``update`` computes its GAE with rl_triton."""
+class FusedUpdate:
+    """Mixin for skrl agents (subclasses of the classes in ``AGENTS``): ``update`` computes the
+    GAE with rl_triton; every other caller of skrl's ``compute_gae`` keeps skrl's loop."""
 
     def update(self, *args, **kwargs):
         with _routing():
             return super().update(*args, **kwargs)
 
 
-class A2C(_FusedUpdate, _a2c.A2C):
-    """skrl's ``A2C`` with the fused GAE."""
-
-
-class A2C_RNN(_FusedUpdate, _a2c_rnn.A2C_RNN):
-    """skrl's ``A2C_RNN`` with the fused GAE."""
-
-
-class AMP(_FusedUpdate, _amp.AMP):
-    """skrl's ``AMP`` with the fused GAE."""
-
-
-class PPO(_FusedUpdate, _ppo.PPO):
-    """skrl's ``PPO`` with the fused GAE: ``PPO(models=..., memory=..., cfg=..., ...)``."""
-
-
-class PPO_RNN(_FusedUpdate, _ppo_rnn.PPO_RNN):
-    """skrl's ``PPO_RNN`` with the fused GAE."""
-
-
-class RPO(_FusedUpdate, _rpo.RPO):
-    """skrl's ``RPO`` with the fused GAE."""
-
-
-class RPO_RNN(_FusedUpdate, _rpo_rnn.RPO_RNN):
-    """skrl's ``RPO_RNN`` with the fused GAE."""
-
-
-class TRPO(_FusedUpdate, _trpo.TRPO):
-    """skrl's ``TRPO`` with the fused GAE."""
-
-
-class TRPO_RNN(_FusedUpdate, _trpo_rnn.TRPO_RNN):
-    """skrl's ``TRPO_RNN`` with the fused GAE."""
-
-
-class IPPO(_FusedUpdate, _ippo.IPPO):
-    """skrl's multi-agent ``IPPO`` with the fused GAE."""
-
-
-class MAPPO(_FusedUpdate, _mappo.MAPPO):
-    """skrl's multi-agent ``MAPPO`` with the fused GAE."""
+def __getattr__(name: str):
+    """The agent classes (``AGENTS``), made from skrl's on first access: skrl's class with
+    ``FusedUpdate`` first in its bases, under skrl's name."""
+    if name not in AGENTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    base = getattr(_load()[AGENTS[name]], name)
+    cls = type(name, (FusedUpdate, base), {"__module__": __name__, "__qualname__": name,
+                                            "__doc__": f"skrl's ``{name}`` with the fused GAE."})
+    with _lock:
+        cls = globals().setdefault(name, cls)
+    return cls
