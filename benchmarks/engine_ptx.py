@@ -61,6 +61,8 @@ def _calls(rt, torch, R, T, dtype, g):
         # the fused whitening: the scan reports its moments, then the fold and the normalisation
         "gae_mask_skip_whiten": lambda: rt.gae(r, v, mask=~term, whiten=True, **kw),
         "gae_mask_pad_whiten": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", whiten=dict(unbiased=False), **kw),
+        # rsl_rl's, skrl's and rl_games's normalisation over every element: std + eps
+        "gae_whiten_std": lambda: rt.gae(r, v, bootstrap_value=boot, done=done, whiten=dict(eps_mode="std"), **kw),
         # a chunk of a sequence split across ranks: the edge maps' reduce launches (rl_triton/core/sharded.py)
         "gae_edge_map": _chunk(torch, R, 2, lambda: rt.gae(r, v, bootstrap_value=boot, done=done, **kw)),
         "vtrace_edge_map": _chunk(torch, R, 2, lambda: rt.vtrace(r, v, lp, lm, done=done, **kw)),

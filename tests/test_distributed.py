@@ -168,6 +168,14 @@ def _mask_worker(rank, world, group):
             want = verl_compute_gae_advantage_return(r.double(), v.double(), mask.double(), 0.99, 0.95)
             _close(mine[0], want[0][rows], 1e-10 if dtype == F64 else 1e-4,
                    f"data-parallel whiten {dtype} on {backend}")
+            # without a mask (rsl_rl's normalisation), over every element of every rank
+            std = dict(eps_mode="std")
+            whole = rl_triton.gae(r, v, whiten=std, backend=backend)
+            got = _chunk_call("gae", (r, v), dict(whiten=std), lo, hi, group, backend=backend)
+            _close(got[0], whole[0][:, lo:hi], 1e-10 if dtype == F64 else 1e-4, f"unmasked whiten {dtype} on {backend}")
+            mine = rl_triton.gae(r[rows], v[rows], whiten=dict(std, group=group), backend=backend)
+            _close(mine[0], whole[0][rows], 1e-10 if dtype == F64 else 1e-4,
+                   f"data-parallel unmasked whiten {dtype} on {backend}")
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

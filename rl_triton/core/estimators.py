@@ -32,7 +32,9 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     ``mask_mode="pad"`` (TRL, OpenRLHF) reads rewards and values as 0 where the mask is 0.
 
     ``whiten``: True (verl's convention) or a dict of :func:`rl_triton.masked_whiten` keywords
-    whitens the advantages over the mask's tokens, in place, after the value targets are formed.
+    whitens the advantages in place, after the value targets are formed: over the mask's tokens,
+    or without a mask over every element (rsl_rl, skrl and rl_games normalise so:
+    ``whiten=dict(eps_mode="std")``, ``(A - mean) / (std + 1e-8)``).
 
     ``group`` (a ``torch.distributed`` ProcessGroup; every function of the library's estimators
     and ``affine_scan`` takes it): the window's time axis is split across the group's ranks in
@@ -44,28 +46,68 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     if group is not None:
         return sharded.run(gae, locals())
     if cu_seqlens is not None or max_seqlen is not None:
+        if whiten is not False and mask is None:
+            raise ValueError("whiten with cu_seqlens needs a mask: the padded call would count the padding")
         return packed.run(gae, locals(), reverse=True, n_out=2)
     c = Call(rewards, "rewards", time_dim)
     c.value(values, "values")
-    if mask is not None or mask_mode != "skip" or whiten is not False:
+    if mask is not None or mask_mode != "skip":
         return _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, gamma, lmbda, backend, out,
                            next_values=next_values, terminated=terminated, truncated=truncated, done=done,
                            episode_starts=episode_starts, last_done=last_done)
+    options = _whiten_options(whiten)
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     c.next_value_form(next_values, bootstrap_value)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     fused = c.start(backend, out, 2)
     if c.empty:
-        return c.empty_outputs()
+        return _whitened(c.empty_outputs(), None, options, None)
+    if options is not None:
+        _whitening_call(c)
     if fused:
-        return c.run_fused(spec.GAE, rewards=c.r(rewards), values=c.r(values), next_values=c.r(next_values),
-                           bootstrap_value=c.r_row(bootstrap_value), **c.fused_flags(), gamma=c.r(g), lmbda=c.r(l))
-    v = c.f(values)
-    nterm, ndone = c.composed_flags()
-    nv = c.composed_next_values(values, next_values, bootstrap_value)
-    alpha, beta = C.gae(c.f(rewards), v, nv, nterm, ndone, c.f(g), c.f(l))
-    adv = scan.call_scan(c, alpha, beta, c.f_row(None), True)
-    return c.results([adv, adv + v])
+        results = c.run_fused(spec.GAE, rewards=c.r(rewards), values=c.r(values), next_values=c.r(next_values),
+                              bootstrap_value=c.r_row(bootstrap_value), **c.fused_flags(), gamma=c.r(g),
+                              lmbda=c.r(l))
+    else:
+        v = c.f(values)
+        nterm, ndone = c.composed_flags()
+        nv = c.composed_next_values(values, next_values, bootstrap_value)
+        alpha, beta = C.gae(c.f(rewards), v, nv, nterm, ndone, c.f(g), c.f(l))
+        adv = scan.call_scan(c, alpha, beta, c.f_row(None), True)
+        results = c.results([adv, adv + v])
+    return _whitened(results, None, options, c.backend)
+
+
+def _whiten_options(whiten) -> dict | None:
+    """``gae``'s ``whiten`` as :func:`masked_whiten` keywords (None: no whitening); raises for a
+    bad one before any work."""
+    if whiten is False:
+        return None
+    if whiten is not True and not isinstance(whiten, dict):
+        raise TypeError(f"whiten must be False, True or a dict of masked_whiten keywords, got {whiten!r}")
+    if isinstance(whiten, dict) and not set(whiten) <= set(WHITEN_OPTIONS):
+        raise ValueError(f"whiten takes the keywords {sorted(WHITEN_OPTIONS)}, got {sorted(whiten)}")
+    options = {} if whiten is True else dict(whiten)
+    check_whiten_options(**options)
+    return options
+
+
+def _whitening_call(c):
+    """Mark a call that whitens its advantages (raises where autograd needs gradients)."""
+    if c.needs_grad:
+        raise ValueError("whiten= writes the advantages in place and does not support autograd; call "
+                         "masked_whiten on the advantages instead")
+    c.plannable = False  # the call is more than its launch
+
+
+def _whitened(results, mask, options, backend):
+    """``(advantages, targets)`` with the advantages whitened in place over ``mask``'s elements
+    (all with None) where ``options`` (masked_whiten keywords) is not None. An empty call still
+    whitens where the options name a group: the statistics' collective needs every rank."""
+    adv = results[0]
+    if options is not None and (adv.numel() or options.get("group") is not None):
+        masked_whiten(adv, None if mask is None else mask.expand(adv.shape), out=adv, backend=backend, **options)
+    return results
 
 
 
@@ -74,11 +116,8 @@ def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, ga
     if not isinstance(mask_mode, str) or mask_mode not in spec.MASK_MODES:
         raise ValueError(f"mask_mode must be one of {list(spec.MASK_MODES)}, got {mask_mode!r}")
     if mask is None:
-        raise ValueError(f"mask_mode={mask_mode!r} and whiten need a mask")
-    if whiten is not False and whiten is not True and not isinstance(whiten, dict):
-        raise TypeError(f"whiten must be False, True or a dict of masked_whiten keywords, got {whiten!r}")
-    if isinstance(whiten, dict) and not set(whiten) <= set(WHITEN_OPTIONS):
-        raise ValueError(f"whiten takes the keywords {sorted(WHITEN_OPTIONS)}, got {sorted(whiten)}")
+        raise ValueError(f"mask_mode={mask_mode!r} needs a mask")
+    options = _whiten_options(whiten)
     given = [name for name, x in unsupported.items() if x is not None]
     if given:
         raise ValueError(f"mask does not combine with {', '.join(given)}: a response mask marks the steps of one "
@@ -86,23 +125,14 @@ def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, ga
     mask = c.mask(mask)
     c.per_row(bootstrap_value, "bootstrap_value")
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
-    options = {} if whiten is False or whiten is True else whiten
-    check_whiten_options(**options)
     fused = c.start(backend, out, 2)
     if c.empty:
-        outs = c.empty_outputs()
-        if options.get("group") is not None:  # the statistics' collective needs every rank, empty or not
-            masked_whiten(outs[0], mask.expand(outs[0].shape), out=outs[0], **options)
-        return outs
-    if whiten is False:
+        return _whitened(c.empty_outputs(), mask, options, None)
+    if options is None:
         return _masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l)
-    if c.needs_grad:
-        raise ValueError("whiten= writes the advantages in place and does not support autograd; call "
-                         "masked_whiten on the advantages instead")
-    c.plannable = False  # the call is more than its launch
-    adv, targets = _masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l)
-    masked_whiten(adv, mask.expand(adv.shape), out=adv, backend=c.backend, **options)
-    return adv, targets
+    _whitening_call(c)
+    return _whitened(_masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l), mask,
+                     options, c.backend)
 
 
 def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l):

@@ -201,12 +201,14 @@ def _flagged(x, cd, *flags):
 
 
 def _whitened(result, kw, whiten, group):
-    """``result`` with its advantages whitened over the mask's tokens of every rank, where the
-    call asks for ``whiten`` (whose statistics span ``group`` unless it names another)."""
+    """``result`` with its advantages whitened over the mask's tokens (every element without a
+    mask) of every rank, where the call asks for ``whiten`` (whose statistics span ``group``
+    unless it names another)."""
     if whiten is not False:
         options = {} if whiten is True else dict(whiten)
         options.setdefault("group", group)
-        masked_whiten(result[0], kw["mask"].expand(result[0].shape), out=result[0], **options)
+        mask = kw.get("mask")
+        masked_whiten(result[0], None if mask is None else mask.expand(result[0].shape), out=result[0], **options)
     return result
 
 

@@ -18,7 +18,7 @@ import torch
 
 from . import cpu, inputs, launch
 
-EPS_MODES = ("add", "clamp")
+EPS_MODES = ("add", "clamp", "std")
 
 
 def masked_moments(x, mask=None, *, group=None):
@@ -83,13 +83,16 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
         var  = M2 / (n - 1)                       if unbiased (default) else M2 / n
         rstd = 1 / sqrt(var + eps)                eps_mode="add"   (verl's masked_whiten)
              = 1 / sqrt(max(var, eps))            eps_mode="clamp" (OpenRLHF's normalisation)
+             = 1 / (sqrt(var) + eps)              eps_mode="std"   (x.std() + eps: rsl_rl, skrl, rl_games)
              = 1                                  scale=False      (OpenRLHF's no_std_norm)
         y = (x - mean) * rstd,  then y + mean     if not shift_mean
 
     ``y`` covers every position, the masked ones included (same ``mean`` and ``rstd``), and has
     ``x``'s shape and dtype; statistics accumulate in float32 (float64 for float64 ``x``), mean
     first, then the sum of squared deviations. verl: the defaults. OpenRLHF: ``unbiased=False,
-    eps_mode="clamp"``, plus ``scale=False`` for ``--algo.advantage.no_std_norm``.
+    eps_mode="clamp"``, plus ``scale=False`` for ``--algo.advantage.no_std_norm``. rsl_rl, skrl
+    and rl_games (``(x - x.mean()) / (x.std() + 1e-8)`` over the whole batch): ``mask=None,
+    eps_mode="std"``.
 
     No host synchronisation, hence no error for a degenerate selection: ``n = 0`` makes every
     output NaN (mean = 0/0), and so does ``n = 1`` with ``unbiased=True`` (var = 0/0). A NaN at
@@ -115,7 +118,7 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
     if backend == "triton" and group is None and not grad and not torch.compiler.is_compiling() \
             and x.is_contiguous() and (mask is None or mask.is_contiguous()) and (out is None or out.is_contiguous()):
         y = out if out is not None else torch.empty_like(x)
-        _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode == "clamp")
+        _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode)
         return y
     if backend == "cpu" and not grad and x.numel():
         n, mean, m2 = _row_moments(x, mask, cd)
@@ -133,7 +136,10 @@ def _normalized(x, n, mean, m2, out, grad, unbiased, shift_mean, scale, eps, eps
     rstd = None
     if scale:
         var = m2 / (n - 1) if unbiased else m2 / n
-        rstd = torch.rsqrt(var + eps if eps_mode == "add" else var.clamp(min=eps)).to(cd)
+        if eps_mode == "std":
+            rstd = (1.0 / (var.sqrt() + eps)).to(cd)
+        else:
+            rstd = torch.rsqrt(var + eps if eps_mode == "add" else var.clamp(min=eps)).to(cd)
     mean = mean.to(cd)
 
     xf = x if x.dtype == cd else x.to(cd)
@@ -177,7 +183,7 @@ def _local_moments(x: torch.Tensor, mask: torch.Tensor | None, cd: torch.dtype):
     return n, mean, (dev * dev).sum()
 
 
-def _fused(x, mask, y, unbiased, shift_mean, scale, eps, clamp):
+def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
     """Whiten contiguous ``x`` into ``y`` (which may be ``x``) with the Triton kernels of
     rl_triton/core/kernels/moments.py: block partials, their fold, the normalisation."""
     import triton.language as tl
@@ -193,8 +199,8 @@ def _fused(x, mask, y, unbiased, shift_mean, scale, eps, clamp):
     grid = (parts.shape[0],)
     k.moments_kernel[grid](flat, flat if valid is None else valid, parts, n, HAS_MASK=valid is not None,
                            BLOCK=k.BLOCK, ACC=acc)
-    k.fold_kernel[(1,)](parts, stats, parts.shape[0], eps, UNBIASED=unbiased, SCALE=scale, CLAMP=clamp,
-                        FOLD_BLOCK=k.FOLD_BLOCK)
+    k.fold_kernel[(1,)](parts, stats, parts.shape[0], eps, UNBIASED=unbiased, SCALE=scale,
+                        CLAMP=eps_mode == "clamp", STD=eps_mode == "std", FOLD_BLOCK=k.FOLD_BLOCK)
     k.normalize_kernel[grid](flat, out, stats, n, SHIFT_BACK=not shift_mean, BLOCK=k.BLOCK, ACC=acc)
 
 

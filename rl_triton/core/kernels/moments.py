@@ -42,10 +42,10 @@ def _partials(parts, start, P, FOLD_BLOCK: tl.constexpr):
 
 @triton.jit
 def fold_kernel(parts, stats, P, eps, UNBIASED: tl.constexpr, SCALE: tl.constexpr, CLAMP: tl.constexpr,
-                FOLD_BLOCK: tl.constexpr):
+                STD: tl.constexpr, FOLD_BLOCK: tl.constexpr):
     """stats = (mean, rstd) from P partials, in float64: N = sum n, mean = sum n*mean_p / N,
     M2 = sum M2_p + n_p*(mean_p - mean)^2; var = M2/(N-1) or M2/N; rstd = 1/sqrt(var + eps), or
-    1/sqrt(max(var, eps)) (CLAMP), or 1 (not SCALE)."""
+    1/sqrt(max(var, eps)) (CLAMP), or 1/(sqrt(var) + eps) (STD), or 1 (not SCALE)."""
     total = tl.zeros((FOLD_BLOCK,), tl.float64)
     weighted = tl.zeros((FOLD_BLOCK,), tl.float64)
     for start in range(0, P, FOLD_BLOCK):
@@ -64,11 +64,14 @@ def fold_kernel(parts, stats, P, eps, UNBIASED: tl.constexpr, SCALE: tl.constexp
             var = M2 / (N - 1.0)
         else:
             var = M2 / N
-        if CLAMP:
-            var = tl.maximum(var, eps, propagate_nan=tl.PropagateNan.ALL)
+        if STD:
+            rstd = 1.0 / (tl.sqrt(var) + eps)
         else:
-            var = var + eps
-        rstd = 1.0 / tl.sqrt(var)
+            if CLAMP:
+                var = tl.maximum(var, eps, propagate_nan=tl.PropagateNan.ALL)
+            else:
+                var = var + eps
+            rstd = 1.0 / tl.sqrt(var)
     else:
         rstd = M2 * 0.0 + 1.0
     tl.store(stats, mean)
