@@ -83,6 +83,22 @@ def test_value_heads_and_lower_precision_last_values():
     _close(rt_skrl.compute_gae(**kw), ORIGINALS["skrl.agents.torch.ppo.ppo"](**kw), torch.float32)
 
 
+def test_mixed_dtypes_and_gradients():
+    # float64 values with float32 rewards (skrl's returns take the values' dtype), and inputs
+    # that need gradients (skrl's loop is differentiable): the normalisation runs on its own
+    rewards, values, last_values, terminated, truncated = _rollout(12, 6, torch.float32, 8)
+    kw = dict(rewards=rewards, terminated=terminated, truncated=truncated, values=values.double(),
+              last_values=last_values, time_limit_bootstrap=True)
+    original = ORIGINALS["skrl.agents.torch.ppo.ppo"]
+    _close(rt_skrl.compute_gae(**kw), original(**kw), torch.float32)
+    kw["values"] = values.clone().requires_grad_()
+    ours, theirs = rt_skrl.compute_gae(**kw), original(**kw)
+    _close([x.detach() for x in ours], [x.detach() for x in theirs], torch.float32)
+    grad_ours, = torch.autograd.grad(ours[1].square().sum() + ours[0].sum(), kw["values"])
+    grad_theirs, = torch.autograd.grad(theirs[1].square().sum() + theirs[0].sum(), kw["values"])
+    torch.testing.assert_close(grad_ours, grad_theirs, rtol=1e-4, atol=1e-4)
+
+
 def test_nan_in_nan_out():
     rewards, values, last_values, terminated, truncated = _rollout(8, 4, torch.float32, 5)
     rewards[3, 2] = float("nan")

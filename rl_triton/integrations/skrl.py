@@ -43,7 +43,7 @@ import threading
 
 import torch
 
-from .. import gae
+from .. import gae, masked_whiten
 from ._patching import PatchState, error_of
 
 __all__ = [
@@ -94,12 +94,8 @@ def _skrl_function(recurrent: bool):
     fn = None if module is None else getattr(module, "compute_gae", None)
     return None if fn is None or fn in (compute_gae, compute_gae_rnn) else fn
 
-# skrl's normalisation: (A - mean) / (std + eps), std with Bessel's correction
-_EPS = 1e-8
-
-
-def _normalized(adv: torch.Tensor) -> torch.Tensor:
-    return (adv - adv.mean()) / (adv.std() + _EPS)
+# skrl's normalisation, (A - mean) / (std + 1e-8) with the unbiased std, as masked_whiten keywords
+_WHITEN = {"eps_mode": "std", "eps": 1e-8}
 
 
 def _gae_normalized(rewards, values, done, last_values, gamma, lmbda):
@@ -118,10 +114,13 @@ def _gae_normalized(rewards, values, done, last_values, gamma, lmbda):
         # skrl multiplies the bool flags by the factor first, which gives a tensor of torch's
         # default dtype: its loop discounts by the factor rounded to that dtype
         gamma = torch.tensor(float(gamma), dtype=torch.get_default_dtype()).item()
-    adv, returns = gae(rewards, v, done=done, bootstrap_value=boot, gamma=gamma, lmbda=lmbda, time_dim=0)
-    if v is not values:
-        returns = adv + values
-    return returns, _normalized(adv)
+    # one call, the normalisation fused, where skrl's returns are the value targets it forms
+    fused = v is values and not (torch.is_grad_enabled() and (rewards.requires_grad or values.requires_grad))
+    adv, returns = gae(rewards, v, done=done, bootstrap_value=boot, gamma=gamma, lmbda=lmbda, time_dim=0,
+                       whiten=_WHITEN if fused else False)
+    if fused:
+        return returns, adv
+    return adv + values, masked_whiten(adv, **_WHITEN)
 
 
 def _raises_as_skrl(recurrent: bool):
