@@ -55,6 +55,21 @@ def test_discount_values_matches_rl_games(dtype, T, N, K, gamma, tau):
     torch.testing.assert_close(ours, theirs, **TOL[dtype])
 
 
+def test_benchmark_transcriptions_are_rl_games():
+    # benchmarks/skrl_rl_games.py times these copies where rl_games is not installed
+    from rl_games.common.a2c_common import swap_and_flatten01
+
+    from rl_triton.testing import sim_frameworks
+
+    agent, args, _ = _rollout(16, 8, 3, torch.float32, 10)
+    adv = ORIGINALS["discount_values"](agent, *args)
+    assert torch.equal(sim_frameworks.rl_games_discount_values(agent, *args), adv)
+    returns, values = swap_and_flatten01(adv + args[3]), swap_and_flatten01(args[3])
+    expected = torch.sum(returns - values, axis=1)
+    expected = (expected - expected.mean()) / (expected.std() + 1e-8)
+    assert torch.equal(sim_frameworks.rl_games_normalized_advantages(returns, values), expected)
+
+
 @pytest.mark.parametrize("flag_dtype", [torch.float32, torch.uint8])
 @pytest.mark.parametrize("mask_dtype", [torch.float32, torch.bool])
 def test_masks_all_off_and_kinds(mask_dtype, flag_dtype):

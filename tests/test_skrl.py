@@ -64,6 +64,18 @@ def test_recurrent_matches_skrl(module, dtype, T, N):
     _close(rt_skrl.compute_gae_rnn(**kw), ORIGINALS[module](**kw), dtype)
 
 
+def test_benchmark_transcription_is_skrls():
+    # benchmarks/skrl_rl_games.py times this copy where skrl is not installed
+    from rl_triton.testing.sim_frameworks import skrl_compute_gae
+
+    rewards, values, last_values, terminated, truncated = _rollout(16, 8, torch.float32, 9)
+    for tlb in (False, True):
+        kw = dict(rewards=rewards, terminated=terminated, truncated=truncated, values=values,
+                  last_values=last_values, discount_factor=0.97, lambda_coefficient=0.9, time_limit_bootstrap=tlb)
+        for a, b in zip(skrl_compute_gae(**kw), ORIGINALS["skrl.agents.torch.ppo.ppo"](**kw), strict=True):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.0, 0.5), (0.99, 0.0), (0.5, 1.0)])
 def test_coefficients_and_defaults(gamma, lam):
     rewards, values, last_values, terminated, truncated = _rollout(16, 8, torch.float64, 3)
@@ -240,6 +252,7 @@ def test_ppo_agent_trains_the_same(tmp_path, monkeypatch):
 
 
 _WITHOUT_FRAMEWORKS = """
+import runpy
 import sys
 sys.modules.update({"skrl": None, "rl_games": None})  # neither framework importable
 import torch
@@ -260,14 +273,26 @@ for module, name in ((rt_skrl, "PPO"), (rt_rl_games, "A2CAgent")):
         pass
     else:
         raise AssertionError(name + " without its framework")
+# the benchmark, with the frameworks' transcribed loops (it exits 1 where rl_triton disagrees)
+sys.argv = [BENCHMARK, "--shapes", "5x8x1,3x6x2", "--rounds", "1"]
+try:
+    runpy.run_path(BENCHMARK, run_name="__main__")
+except SystemExit as end:
+    assert end.code == 0, end.code
 print("ok")
 """
 
 
 def test_drop_ins_need_no_framework():
-    # the benchmark machine has neither framework: the drop-in functions import and run there
+    # the benchmark machine has neither framework: the drop-in functions import and run there,
+    # and so does the benchmark
+    import os
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _WITHOUT_FRAMEWORKS], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    benchmark = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                             "skrl_rl_games.py")
+    code = f"BENCHMARK = {benchmark!r}\n" + _WITHOUT_FRAMEWORKS
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-2000:]
+    assert "skrl 2.1.1 transcribed, rl-games 1.6.5 transcribed" in done.stdout
