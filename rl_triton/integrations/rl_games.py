@@ -41,8 +41,9 @@ import torch
 from .. import gae
 from ._patching import PatchState, error_of
 
-__all__ = ["AGENTS", "A2CAgent", "DiscreteA2CAgent", "FusedDiscount", "RL_GAMES_VERSION", "discount_values",
-           "discount_values_masks", "is_patched", "patch", "patched", "register", "unpatch"]
+# the agent classes (AGENTS) are module attributes made on first access, not listed here
+__all__ = ["AGENTS", "FusedDiscount", "METHODS", "RL_GAMES_VERSION", "discount_values", "discount_values_masks",
+           "is_patched", "patch", "patched", "register", "unpatch"]
 
 RL_GAMES_VERSION = "1.6.5"  # the version these drop-ins were written and checked against
 _A2C_COMMON = "rl_games.common.a2c_common"

@@ -46,11 +46,9 @@ import torch
 from .. import gae, masked_whiten
 from ._patching import PatchState, error_of
 
-__all__ = [
-    "A2C", "A2C_RNN", "AMP", "FEED_FORWARD", "IPPO", "MAPPO", "PPO", "PPO_RNN", "RECURRENT", "RPO", "RPO_RNN",
-    "AGENTS", "FusedUpdate", "SKRL_VERSION", "TRPO", "TRPO_RNN", "compute_gae", "compute_gae_rnn", "is_patched", "patch", "patched",
-    "unpatch",
-]
+# the agent classes (AGENTS) are module attributes made on first access, not listed here
+__all__ = ["AGENTS", "FEED_FORWARD", "FusedUpdate", "RECURRENT", "SKRL_VERSION", "compute_gae", "compute_gae_rnn",
+           "is_patched", "patch", "patched", "unpatch"]
 
 SKRL_VERSION = "2.1.1"  # the version these drop-ins were written and checked against
 # the modules whose compute_gae has the feed-forward signature (terminated, truncated,
@@ -94,6 +92,7 @@ def _skrl_function(recurrent: bool):
     fn = None if module is None else getattr(module, "compute_gae", None)
     return None if fn is None or fn in (compute_gae, compute_gae_rnn) else fn
 
+
 # skrl's normalisation, (A - mean) / (std + 1e-8) with the unbiased std, as masked_whiten keywords
 _WHITEN = {"eps_mode": "std", "eps": 1e-8}
 
@@ -108,14 +107,13 @@ def _gae_normalized(rewards, values, done, last_values, gamma, lmbda):
     # skrl accumulates into a tensor of the rewards' dtype and forms the returns with the values
     dtype = rewards.dtype
     v = values if values.dtype == dtype else values.to(dtype)
-    boot = last_values.detach()
-    boot = boot.to(dtype) if boot.dtype != dtype else boot
+    boot = last_values if last_values.dtype == dtype else last_values.to(dtype)
     if isinstance(gamma, (int, float)) and not isinstance(gamma, bool):
         # skrl multiplies the bool flags by the factor first, which gives a tensor of torch's
         # default dtype: its loop discounts by the factor rounded to that dtype
         gamma = torch.tensor(float(gamma), dtype=torch.get_default_dtype()).item()
     # one call, the normalisation fused, where skrl's returns are the value targets it forms
-    fused = v is values and not (torch.is_grad_enabled() and (rewards.requires_grad or values.requires_grad))
+    fused = v is values and not (torch.is_grad_enabled() and any(x.requires_grad for x in (rewards, values, boot)))
     adv, returns = gae(rewards, v, done=done, bootstrap_value=boot, gamma=gamma, lmbda=lmbda, time_dim=0,
                        whiten=_WHITEN if fused else False)
     if fused:
