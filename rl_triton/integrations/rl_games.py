@@ -102,8 +102,14 @@ def _advantages(agent, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb
         lmbda = lmbda.unsqueeze(-1)
     boot = last_values if last_values.dtype == mb_rewards.dtype else last_values.to(mb_rewards.dtype)
     values = mb_values if mb_values.dtype == mb_rewards.dtype else mb_values.to(mb_rewards.dtype)
-    adv, _ = gae(mb_rewards, values, episode_starts=mb_fdones.unsqueeze(-1), last_done=fdones.unsqueeze(-1),
-                 bootstrap_value=boot, gamma=gamma, lmbda=lmbda, time_dim=0)
+    rewards, starts, last_done = mb_rewards, mb_fdones.unsqueeze(-1), fdones.unsqueeze(-1)
+    if mb_rewards.shape[2] == 1:
+        # one value head: [T, N, 1] as [T, N] (views), the rows the CPU kernels read faster
+        rewards, values, boot, starts, last_done = (x[..., 0] for x in (rewards, values, boot, starts, last_done))
+        lmbda = lmbda[..., 0] if isinstance(lmbda, torch.Tensor) else lmbda
+    adv, _ = gae(rewards, values, episode_starts=starts, last_done=last_done, bootstrap_value=boot, gamma=gamma,
+                 lmbda=lmbda, time_dim=0)
+    adv = adv.reshape(mb_rewards.shape)
     if mb_masks is not None:
         adv *= mb_masks.unsqueeze(-1)
     return adv

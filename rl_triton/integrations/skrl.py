@@ -114,8 +114,15 @@ def _gae_normalized(rewards, values, done, last_values, gamma, lmbda):
         gamma = torch.tensor(float(gamma), dtype=torch.get_default_dtype()).item()
     # one call, the normalisation fused, where skrl's returns are the value targets it forms
     fused = v is values and not (torch.is_grad_enabled() and any(x.requires_grad for x in (rewards, values, boot)))
+    shape = rewards.shape
+    if rewards.ndim > 2 and v.shape == done.shape == shape and boot.shape == shape[1:]:
+        # [T, N, 1] as [T, N] (views of contiguous memories): every element is its own row of
+        # the scan and of the statistics alike, and the CPU kernels read [T, N] rows faster
+        rewards, v, done = (x.reshape(shape[0], -1) for x in (rewards, v, done))
+        boot = boot.reshape(-1)
     adv, returns = gae(rewards, v, done=done, bootstrap_value=boot, gamma=gamma, lmbda=lmbda, time_dim=0,
                        whiten=_WHITEN if fused else False)
+    adv, returns = adv.reshape(shape), returns.reshape(shape)
     if fused:
         return returns, adv
     return adv + values, masked_whiten(adv, **_WHITEN)
