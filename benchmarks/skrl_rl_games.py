@@ -21,6 +21,7 @@ call over --rounds rounds (lowest-highest round); the speed-up is taken within e
     python benchmarks/skrl_rl_games.py                          # CPU (numba)
     python benchmarks/skrl_rl_games.py --device cuda            # the GPU, the IsaacLab shapes
     python benchmarks/skrl_rl_games.py --shapes 24x4096x4       # four value heads
+    python benchmarks/skrl_rl_games.py --threads 1              # a CPU shared with other work
 """
 
 from __future__ import annotations
@@ -83,7 +84,16 @@ def main() -> None:
     p.add_argument("--shapes", default="24x4096x1,24x16384x1,64x4096x1", help="T x N x K list (K: value heads)")
     p.add_argument("--rounds", type=int, default=9, help="rounds of alternating timed batches")
     p.add_argument("--atol", type=float, default=1e-4, help="largest difference from the float64 reference")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch's and numba's CPU threads (0: their defaults); 1 on a machine whose cores are busy")
     a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+        try:
+            import numba
+            numba.set_num_threads(a.threads)
+        except ImportError:
+            pass
     skrl_gae, discount, source = frameworks()
     device = torch.device(a.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
