@@ -22,6 +22,7 @@ EXAMPLES_INSTALL = "pip install -e '.[examples]'"
 PIP_NAMES = {
     "ale_py": "ale-py",
     "cv2": "opencv-python-headless",
+    "rsl_rl": "rsl-rl-lib",
     "sb3_contrib": "sb3-contrib",
     "stable_baselines3": "stable-baselines3",
 }

@@ -79,6 +79,7 @@ def test_episode_starts_gae_matches_oracle(dtype, layout, R, T, monkeypatch):
     taken = []
     original = cpu._episode_starts_call
     monkeypatch.setattr(cpu, "_episode_starts_call", lambda *a: taken.append(original(*a)) or taken[-1])
+    monkeypatch.setattr(cpu, "TIME_MAJOR_MIN_ROWS", 1 << 62)  # not gae_time_major (tests/test_time_major_cpu.py)
     g = torch.Generator().manual_seed(R * 100 + T)
     r, v = (torch.randn(R, T, generator=g, dtype=torch.float64) for _ in range(2))
     starts = torch.rand(R, T, generator=g) < 0.2

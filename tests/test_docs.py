@@ -19,6 +19,7 @@ PUBLIC = {
     "rl_triton/integrations/sb3.py": "rl_triton.integrations.sb3",
     "rl_triton/integrations/torchrl.py": "rl_triton.integrations.torchrl",
     "rl_triton/integrations/cleanrl.py": "rl_triton.integrations.cleanrl",
+    "rl_triton/integrations/rsl_rl.py": "rl_triton.integrations.rsl_rl",
     "rl_triton/integrations/skrl.py": "rl_triton.integrations.skrl",
     "rl_triton/integrations/rl_games.py": "rl_triton.integrations.rl_games",
     "rl_triton/integrations/verl.py": "rl_triton.integrations.verl",

@@ -21,7 +21,7 @@ EXAMPLES = [p for p in SCRIPTS if os.sep + "examples" + os.sep in p]
 NEEDS = {"engine_ptx.py": ("triton",), "scan_ptx.py": ("triton",),
          "sb3_crossover.py": ("gymnasium", "stable_baselines3"), "torchrl_cpu.py": ("torchrl",)}
 OPTIONAL = ("gymnasium", "stable_baselines3", "sb3_contrib", "torchrl", "tensordict", "mujoco", "ale_py", "cv2",
-            "matplotlib", "tqdm", "tensorboard", "transformers")
+            "matplotlib", "tqdm", "tensorboard", "transformers", "rsl_rl")
 
 # runs a script as if the OPTIONAL packages were not installed: the path finder does not see them
 _BLOCKED_RUN = """

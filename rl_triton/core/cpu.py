@@ -13,6 +13,7 @@ stand-ins; in time-major memory they advance blocks of rows through time togethe
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import types as pytypes
 
@@ -203,6 +204,53 @@ def gae_episode_starts_blocks(rewards, values, episode_starts, bootstrap_value, 
                 value_targets[i, t] = x + values[i, t]
 
 
+# rows a thread advances through time together in ``gae_time_major`` (4 KB of float64 carries)
+TIME_MAJOR_BLOCK = 512
+# from this many rows on, time-major GAE takes ``gae_time_major`` (below it a row walks its
+# column faster than a block fills its vector lanes; re-tune: python benchmarks/rsl_rl_cpu.py)
+TIME_MAJOR_MIN_ROWS = 64
+
+
+def gae_time_major(rewards, values, bootstrap_value, done, last_done, gamma, lmbda, done_mode, advantages,
+                   value_targets):
+    """``gae`` for wide, short time-major rollouts (rsl_rl's, skrl's and rl_games's ``[T, N, 1]``):
+    implied next values, number coefficients, no carry, the ``[R, T]`` arrays F-contiguous (rows
+    adjacent in memory). Time runs in the outer loop and a block of rows in the inner one, which
+    reads and writes contiguous runs and runs in vector lanes; threads take blocks of rows.
+
+    Flags: with implied next values every done is a termination (a truncation needs next
+    values), so one array serves: the dones (``done_mode`` DONE_ARRAY, or terminated alone), or
+    the episode starts read one step later (DONE_OBS_ALIGNED: done[t] = starts[t+1], ``last_done``
+    at t = T-1). The arithmetic is ``gae``'s, and so are the results, bit for bit."""
+    R, T = rewards.shape
+    shift = 1 if done_mode == DONE_OBS_ALIGNED else 0
+    for blk in prange((R + TIME_MAJOR_BLOCK - 1) // TIME_MAJOR_BLOCK):
+        # unsigned row indices: numba adds no negative-index wraparound to them, which keeps the
+        # inner loops in vector lanes
+        lo = np.uint64(blk * TIME_MAJOR_BLOCK)
+        width = min(TIME_MAJOR_BLOCK, R - blk * TIME_MAJOR_BLOCK)
+        acc = np.empty(TIME_MAJOR_BLOCK)
+        t = np.uint64(T - 1)
+        for j in range(width):
+            i = lo + np.uint64(j)
+            nd = _not(last_done[i]) if shift else _not(done[i, t])
+            a, b = _c_gae(rewards[i, t], values[i, t], bootstrap_value[i], nd, nd, gamma, lmbda)
+            acc[j] = a
+            advantages[i, t] = a
+            value_targets[i, t] = a + values[i, t]
+        for s in range(T - 1):
+            t = np.uint64(T - 2 - s)
+            f = t + np.uint64(shift)
+            for j in range(width):
+                i = lo + np.uint64(j)
+                nd = _not(done[i, f])
+                a, b = _c_gae(rewards[i, t], values[i, t], values[i, t + np.uint64(1)], nd, nd, gamma, lmbda)
+                x = _c_step(a, b, acc[j])
+                acc[j] = x
+                advantages[i, t] = x
+                value_targets[i, t] = x + values[i, t]
+
+
 def masked_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, advantages, value_targets, edge):
     """GAE over the unmasked steps: the next value and the advantage carry across masked steps;
     value targets are advantages + values at every step. The edge map is the two-state one
@@ -276,6 +324,55 @@ def padded_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, adva
             advantages[i, t] = acc
             value_targets[i, t] = acc + v
         _edge(edge, i, acc, gain)
+
+
+WHITEN_ROW = 16384  # elements whose (n, mean, M2) ``whiten_all`` forms in one pass pair (in cache)
+EPS_ADD, EPS_CLAMP, EPS_STD = 0, 1, 2  # whiten_all's eps_mode (rl_triton/core/whiten.py: "add", "clamp", "std")
+
+
+def whiten_all(x, out, parts, unbiased, shift_mean, scale, eps, eps_mode):
+    """``masked_whiten`` over every element of the flat ``x`` into ``out`` (may be ``x``): each
+    run of WHITEN_ROW elements reduced to its ``(n, mean, M2)`` in float64 (``parts``, float64
+    ``[P, 3]``), the runs folded by Chan et al.'s formula, then y = (x - mean) * rstd (+ mean
+    where not ``shift_mean``) in float64, rounded once to ``out``'s dtype. IEEE throughout
+    (compiled with numpy's error model): an empty x or n = 1 unbiased gives NaN."""
+    n = x.shape[0]
+    P = parts.shape[0]
+    for p in prange(P):
+        run = x[p * WHITEN_ROW:(p + 1) * WHITEN_ROW]  # indices from 0: no wraparound checks, vector lanes
+        total = 0.0
+        for i in range(run.shape[0]):
+            total += run[i]
+        mean = total / run.shape[0]
+        m2 = 0.0
+        for i in range(run.shape[0]):
+            d = run[i] - mean
+            m2 += d * d
+        parts[p, 0] = run.shape[0]
+        parts[p, 1] = mean
+        parts[p, 2] = m2
+    weighted = 0.0
+    for p in range(P):
+        weighted += parts[p, 0] * parts[p, 1]
+    mean = weighted / n
+    m2 = 0.0
+    for p in range(P):
+        d = parts[p, 1] - mean
+        m2 += parts[p, 2] + parts[p, 0] * d * d
+    var = m2 / (n - 1) if unbiased else m2 / n
+    rstd = 1.0
+    if scale:
+        if eps_mode == EPS_STD:
+            rstd = 1.0 / (math.sqrt(var) + eps)
+        elif eps_mode == EPS_CLAMP:
+            rstd = 1.0 / math.sqrt(var if var > eps or var != var else eps)
+        else:
+            rstd = 1.0 / math.sqrt(var + eps)
+    back = 0.0 if shift_mean else mean
+    for p in prange(P):
+        run, dest = x[p * WHITEN_ROW:(p + 1) * WHITEN_ROW], out[p * WHITEN_ROW:(p + 1) * WHITEN_ROW]
+        for i in range(run.shape[0]):
+            dest[i] = (run[i] - mean) * rstd + back
 
 
 def masked_moments(x, mask, moments):
@@ -430,6 +527,7 @@ def affine_scan(alpha, beta, carry, reverse, y, edge):
 # for SB3's and CleanRL's call are chosen in run()
 KERNELS = {name: globals()[name] for name in spec.ALGORITHMS}
 _EPISODE_STARTS_KINDS = ("f2", "f2", "u2", "f1", "u1", "s", "s")
+_TIME_MAJOR_KINDS = ("F2", "F2", "f1", "Fu2", "u1", "s", "s", "i")
 
 _compiled: dict = {}
 
@@ -443,7 +541,9 @@ _PARALLEL = threading.Lock()
 
 
 # kernels whose floating-point sums may be reassociated (vectorised); NaN and inf keep their meaning
-REASSOCIATE = frozenset(("masked_moments",))
+REASSOCIATE = frozenset(("masked_moments", "whiten_all"))
+# kernels compiled with numpy's error model: a division by zero gives inf or NaN, as in IEEE
+IEEE = frozenset(("whiten_all",))
 
 
 def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
@@ -458,13 +558,18 @@ def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
             "u1": nb.types.Array(nb.types.uint8, 1, "A", readonly=True), "o2": nb.types.Array(ft, 2, "A"),
             # C-contiguous rows (simpler addressing; loops that vectorise)
             "c2": nb.types.Array(ft, 2, "C", readonly=True), "oc2": nb.types.Array(ft, 2, "C"),
+            "c1": nb.types.Array(ft, 1, "C", readonly=True), "oc1": nb.types.Array(ft, 1, "C"),
             "cu2": nb.types.Array(nb.types.uint8, 2, "C", readonly=True),
             "e": nb.types.Array(nb.types.float64, 2, "C"),
+            # F-contiguous [R, T] rows of time-major memory (rows adjacent: the inner loop's stride)
+            "F2": nb.types.Array(ft, 2, "F", readonly=True), "oF2": nb.types.Array(ft, 2, "F"),
+            "Fu2": nb.types.Array(nb.types.uint8, 2, "F", readonly=True),
             "s": nb.types.float64, "i": nb.types.int64, "b": nb.types.boolean,
         }
         sig = nb.types.void(*(types[k] for k in arg_kinds))
         fastmath = {"reassoc", "contract"} if fn.__name__ in REASSOCIATE else False
-        _compiled[key] = nb.njit(sig, parallel=parallel, cache=True, nogil=True, fastmath=fastmath)(
+        _compiled[key] = nb.njit(sig, parallel=parallel, cache=True, nogil=True, fastmath=fastmath,
+                                 error_model="numpy" if fn.__name__ in IEEE else "python")(
             _renamed(fn, "_parallel") if parallel else fn)
     return _compiled[key]
 
@@ -531,6 +636,21 @@ def _flag_bytes(x: torch.Tensor) -> np.ndarray:
     out = np.empty_like(a, dtype=np.uint8)  # same memory order as a
     _nonzero_bytes(a.ravel(order="K"), out.ravel(order="K"))
     return out
+
+
+def whiten_flat(x: torch.Tensor, out: torch.Tensor, unbiased: bool, shift_mean: bool, scale: bool, eps: float,
+                eps_mode: int) -> None:
+    """:func:`whiten_all` on the float32 or float64 CPU tensors ``x`` and ``out`` (contiguous,
+    one shape and dtype; ``out`` may be ``x``)."""
+    a, y = x.detach().reshape(-1).numpy(), out.reshape(-1).numpy()
+    parts = np.empty((max(1, -(-a.shape[0] // WHITEN_ROW)), 3))
+    parallel = parts.shape[0] > 1 and a.shape[0] >= PARALLEL_MIN_ELEMENTS
+    kernel = _kernel(whiten_all, ("c1", "oc1", "e", "b", "b", "b", "s", "i"), _NUMPY_DTYPES[x.dtype], parallel)
+    if parallel:
+        with _PARALLEL:
+            kernel(a, y, parts, unbiased, shift_mean, scale, eps, eps_mode)
+    else:
+        kernel(a, y, parts, unbiased, shift_mean, scale, eps, eps_mode)
 
 
 def row_moments(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -603,9 +723,38 @@ def _episode_starts_call(args) -> bool:
             and not isinstance(args.lmbda, torch.Tensor))
 
 
+_TIME_MAJOR_ARGS = ("rewards", "values", "bootstrap_value", "done", "last_done", "gamma", "lmbda", "done_mode")
+# terminated alone: the dones are the terminations
+_TIME_MAJOR_TERMINATED_ARGS = ("rewards", "values", "bootstrap_value", "terminated", "last_done", "gamma", "lmbda",
+                               "done_mode")
+
+
+def _f_rows(x, dtype) -> bool:
+    """Whether ``x`` is an F-contiguous ``[R, T]`` tensor (rows adjacent: a time-major view) that
+    reaches the kernel F-contiguous: a float of ``dtype``, or for ``dtype`` None a flag tensor
+    (bytes viewed, other dtypes but float16/bfloat16 converted in memory order)."""
+    if isinstance(x, np.ndarray):  # an output buffer of a call plan
+        return x.ndim == 2 and x.flags.f_contiguous and dtype is not None and x.dtype == _NUMPY_DTYPES[dtype]
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.t().is_contiguous() or x.requires_grad:
+        return False
+    return x.dtype not in (torch.float16, torch.bfloat16) if dtype is None else x.dtype == dtype
+
+
+def _time_major_call(args, dtype, outs) -> bool:
+    """Whether a GAE call is one that ``gae_time_major`` serves: implied next values (so every
+    done a termination), number coefficients, no carry, flags as dones, terminations alone or
+    episode starts, every array F-contiguous in its kernel form."""
+    if args.nv_mode != NV_IMPLIED or args.carry is not None or isinstance(args.gamma, torch.Tensor) \
+            or isinstance(args.lmbda, torch.Tensor) or args.truncated is not None:
+        return False
+    flags = args.done if args.done is not None else args.terminated
+    return _f_rows(flags, None) and _f_rows(args.rewards, dtype) and _f_rows(args.values, dtype) \
+        and all(_f_rows(o, dtype) for o in outs)
+
+
 NO_EDGE = np.zeros((0, 5))  # the edge argument of a launch that asks for no edge map
 _CONTIGUOUS = {"f2": "c2", "u2": "cu2"}  # C-contiguous forms of the kinds
-_BASE_KIND = {"c2": "f2", "cu2": "u2"}
+_BASE_KIND = {"c2": "f2", "cu2": "u2", "F2": "f2", "Fu2": "u2"}
 
 
 def _c_rows(x, dtype) -> bool:
@@ -633,13 +782,18 @@ class Launch:
         time_major = rows > 1 and ref.stride(0) < ref.stride(1)
         fn, names, kinds = KERNELS[algo.name], algo.names, algo.kinds
         has_edge = 1  # every kernel but the episode-starts ones takes the edge argument
-        if algo is spec.GAE and not edge:
+        out_kind = "o2"
+        # (one step: [R, 1] arrays are C-contiguous too, which numba types as C)
+        if algo is spec.GAE and not edge and time_major and rows >= TIME_MAJOR_MIN_ROWS and steps > 1 \
+                and _time_major_call(args, dtype, outs):
+            fn, kinds, has_edge, out_kind = gae_time_major, _TIME_MAJOR_KINDS, 0, "oF2"
+            names = _TIME_MAJOR_ARGS if args.done is not None else _TIME_MAJOR_TERMINATED_ARGS
+        elif algo is spec.GAE and not edge:
             if _episode_starts_call(args):
                 fn = gae_episode_starts_blocks if time_major else gae_episode_starts
                 names, kinds, has_edge = _EPISODE_STARTS_ARGS, _EPISODE_STARTS_KINDS, 0
             elif time_major and rows * steps >= ROW_BLOCK_MIN_ELEMENTS:
                 fn = gae_row_blocks
-        out_kind = "o2"
         if algo is spec.MASKED_GAE and not edge and rows > 1:
             fn = masked_gae_pairs
             if _c_rows(args.rewards, dtype) and _c_rows(args.values, dtype) and _c_rows(args.mask, None) \

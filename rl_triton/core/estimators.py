@@ -49,33 +49,37 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
         if whiten is not False and mask is None:
             raise ValueError("whiten with cu_seqlens needs a mask: the padded call would count the padding")
         return packed.run(gae, locals(), reverse=True, n_out=2)
+    if whiten is not False and mask is None and mask_mode == "skip":
+        # over every element: the call without whitening (its plan), then the whitening in place
+        options = _whiten_options(whiten)
+        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                           for x in (rewards, values, next_values, bootstrap_value, gamma, lmbda)):
+            raise ValueError(_WHITEN_AUTOGRAD)
+        results = gae(rewards, values, next_values=next_values, bootstrap_value=bootstrap_value, terminated=terminated,
+                      truncated=truncated, done=done, gamma=gamma, lmbda=lmbda, time_dim=time_dim, backend=backend,
+                      out=out, episode_starts=episode_starts, last_done=last_done)
+        return _whitened(results, None, options, backend)
     c = Call(rewards, "rewards", time_dim)
     c.value(values, "values")
     if mask is not None or mask_mode != "skip":
         return _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, gamma, lmbda, backend, out,
                            next_values=next_values, terminated=terminated, truncated=truncated, done=done,
                            episode_starts=episode_starts, last_done=last_done)
-    options = _whiten_options(whiten)
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     c.next_value_form(next_values, bootstrap_value)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     fused = c.start(backend, out, 2)
     if c.empty:
-        return _whitened(c.empty_outputs(), None, options, None)
-    if options is not None:
-        _whitening_call(c)
+        return c.empty_outputs()
     if fused:
-        results = c.run_fused(spec.GAE, rewards=c.r(rewards), values=c.r(values), next_values=c.r(next_values),
-                              bootstrap_value=c.r_row(bootstrap_value), **c.fused_flags(), gamma=c.r(g),
-                              lmbda=c.r(l))
-    else:
-        v = c.f(values)
-        nterm, ndone = c.composed_flags()
-        nv = c.composed_next_values(values, next_values, bootstrap_value)
-        alpha, beta = C.gae(c.f(rewards), v, nv, nterm, ndone, c.f(g), c.f(l))
-        adv = scan.call_scan(c, alpha, beta, c.f_row(None), True)
-        results = c.results([adv, adv + v])
-    return _whitened(results, None, options, c.backend)
+        return c.run_fused(spec.GAE, rewards=c.r(rewards), values=c.r(values), next_values=c.r(next_values),
+                           bootstrap_value=c.r_row(bootstrap_value), **c.fused_flags(), gamma=c.r(g), lmbda=c.r(l))
+    v = c.f(values)
+    nterm, ndone = c.composed_flags()
+    nv = c.composed_next_values(values, next_values, bootstrap_value)
+    alpha, beta = C.gae(c.f(rewards), v, nv, nterm, ndone, c.f(g), c.f(l))
+    adv = scan.call_scan(c, alpha, beta, c.f_row(None), True)
+    return c.results([adv, adv + v])
 
 
 def _whiten_options(whiten) -> dict | None:
@@ -92,11 +96,14 @@ def _whiten_options(whiten) -> dict | None:
     return options
 
 
+_WHITEN_AUTOGRAD = ("whiten= writes the advantages in place and does not support autograd; call masked_whiten on "
+                    "the advantages instead")
+
+
 def _whitening_call(c):
     """Mark a call that whitens its advantages (raises where autograd needs gradients)."""
     if c.needs_grad:
-        raise ValueError("whiten= writes the advantages in place and does not support autograd; call "
-                         "masked_whiten on the advantages instead")
+        raise ValueError(_WHITEN_AUTOGRAD)
     c.plannable = False  # the call is more than its launch
 
 

@@ -120,6 +120,11 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
         y = out if out is not None else torch.empty_like(x)
         _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode)
         return y
+    if backend == "cpu" and not grad and x.numel() and mask is None and group is None and x.dtype == cd \
+            and x.is_contiguous() and (out is None or out.is_contiguous()):
+        y = out if out is not None else torch.empty_like(x)  # every element: one kernel, statistics and output
+        cpu.whiten_flat(x, y, unbiased, shift_mean, scale, eps, EPS_MODES.index(eps_mode))
+        return y
     if backend == "cpu" and not grad and x.numel():
         n, mean, m2 = _row_moments(x, mask, cd)
     else:
@@ -157,13 +162,21 @@ def _normalized(x, n, mean, m2, out, grad, unbiased, shift_mean, scale, eps, eps
 
 
 # -- statistics ------------------------------------------------------------------------------
+MOMENT_ROW = 16384  # elements a row of the numba statistics holds (128 KB of float64: in cache for both passes)
+
+
 def _row_moments(x: torch.Tensor, mask: torch.Tensor | None, cd: torch.dtype):
-    """``_local_moments`` by the numba kernel: each row of ``x`` (all dimensions but the last
-    flattened) reduced to its ``(n, mean, M2)`` in float64, the rows folded by Chan et al.'s
-    formula; in ``cd`` (n int64)."""
-    rows = (x if x.dtype == cd else x.to(cd)).reshape(-1, x.shape[-1] if x.ndim else 1)
-    parts = cpu.row_moments(rows, None if mask is None else mask.reshape(rows.shape))
-    n, mean, m2 = _chan(*parts.unbind(1))
+    """``_local_moments`` by the numba kernel: the elements of ``x`` in memory order, in rows of
+    ``MOMENT_ROW`` (a shorter last one), each row reduced to its ``(n, mean, M2)`` in float64,
+    the rows folded by Chan et al.'s formula; in ``cd`` (n int64)."""
+    flat = (x if x.dtype == cd else x.to(cd)).reshape(-1)
+    valid = None if mask is None else mask.reshape(-1)
+    width = min(flat.numel(), MOMENT_ROW)
+    whole = flat.numel() // width * width
+    parts = [cpu.row_moments(flat[:whole].view(-1, width), None if valid is None else valid[:whole].view(-1, width))]
+    if whole < flat.numel():
+        parts.append(cpu.row_moments(flat[whole:].view(1, -1), None if valid is None else valid[whole:].view(1, -1)))
+    n, mean, m2 = _chan(*torch.cat(parts).unbind(1))
     return n.to(torch.int64), mean.to(cd), m2.to(cd)
 
 

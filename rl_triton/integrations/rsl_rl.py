@@ -1,0 +1,154 @@
+"""rsl_rl (rsl-rl-lib): one fused GAE-plus-normalisation call instead of the Python loop over the
+rollout and the normalisation after it.
+
+    # rsl-rl-lib 3.3 and later, no patching: the algorithm of the train config
+    train_cfg["algorithm"]["class_name"] = "rl_triton.integrations.rsl_rl:PPO"
+    runner = OnPolicyRunner(env, train_cfg, device="cuda")
+
+    import rl_triton.integrations.rsl_rl as rt_rsl
+    rt_rsl.patch()            # every PPO (subclasses too), whatever builds it
+    ...
+    rt_rsl.unpatch()          # the original method, the same function object
+
+Two layouts. From rsl-rl-lib 3.2 on the loop is in ``PPO.compute_returns(obs)``, which
+``patch()`` replaces; up to 3.1 it is in ``RolloutStorage.compute_returns(last_values, gamma,
+lam, normalize_advantage)``, which ``patch()`` replaces there (those runners build the algorithm
+with ``eval``, so their config cannot name a class of another module; :class:`PPO` still works
+when constructed directly). Tested: 5.5.1 and 3.1.3 (docs/rsl_rl.md).
+
+What is kept of the method: the bootstrap value V(s_T) from the installed version's own call
+(``self.critic(obs)``, or ``self.policy.evaluate(obs)`` before 4.0), the critic's hidden state
+saved around that call where the installed version does so (5.3 on), and the normalisation only
+where ``normalize_advantage_per_mini_batch`` is off. Time-outs and RND's intrinsic rewards are
+folded into the stored rewards before this method runs (``process_env_step``), so they reach
+the call through ``storage.rewards``.
+
+Conventions mapped (docs/semantics.md, sections 4 and 15): the storage is time-major ``[T, N,
+1]`` (``time_dim=0``); ``dones[t]`` (uint8) ends the episode at step t and cuts both the
+bootstrap and the trace (``done=``, every done a termination); the next value is
+``values[t+1]``, and V(s_T) the last values (``bootstrap_value=``); the normalisation is
+``(A - A.mean()) / (A.std() + 1e-8)`` over the whole batch (``whiten=dict(eps_mode="std")``).
+``storage.returns`` is written in place and ``storage.advantages`` rebound to a new tensor, as
+rsl_rl does. Storage that is not what these versions allocate (other shapes, non-float values)
+goes to rsl_rl's own method, with its own behaviour and errors.
+"""
+
+from __future__ import annotations
+
+import torch
+from rsl_rl.algorithms import ppo as _ppo
+from rsl_rl.storage import rollout_storage as _storage
+
+from .. import gae
+from ._patching import PatchState
+
+__all__ = ["PPO", "compute_returns", "is_patched", "patch", "patched", "storage_compute_returns", "unpatch"]
+
+_RslPPO = _ppo.PPO
+_Storage = _storage.RolloutStorage
+# up to 3.1 the loop is the storage's method, and PPO.compute_returns calls it
+STORAGE_LAYOUT = "compute_returns" in vars(_Storage)
+_ORIGINAL = (_Storage if STORAGE_LAYOUT else _RslPPO).__dict__["compute_returns"]
+# what the installed version's PPO.compute_returns calls, read from its code: the critic (4.0
+# on; the actor-critic's ``policy.evaluate`` before) and the hidden state kept around it (5.3 on)
+_PPO_NAMES = _RslPPO.__dict__["compute_returns"].__code__.co_names
+_HAS_CRITIC = "critic" in _PPO_NAMES
+_KEEPS_HIDDEN_STATE = "get_hidden_state" in _PPO_NAMES
+_WHITEN = dict(eps_mode="std")  # rsl_rl's (A - mean) / (std + 1e-8), torch's unbiased std
+
+
+def _mapped(storage) -> bool:
+    """Whether the storage holds what these versions allocate: float rewards, values and
+    returns of one dtype and the dones, all ``[T, N, ...]`` of one shape on one device."""
+    tensors = (storage.rewards, storage.values, storage.dones, storage.returns)
+    if not all(isinstance(x, torch.Tensor) for x in tensors):
+        return False
+    rewards, values, dones, returns = tensors
+    return values.ndim >= 2 and values.is_floating_point() and rewards.dtype == returns.dtype == values.dtype \
+        and rewards.shape == dones.shape == returns.shape == values.shape and len({x.device for x in tensors}) == 1
+
+
+def _fused(storage, last_values: torch.Tensor, gamma, lam, normalize: bool) -> None:
+    """GAE (and the normalisation) into ``storage.returns`` (in place) and a new
+    ``storage.advantages``, for a storage that ``_mapped`` accepts."""
+    values = storage.values
+    if last_values.dtype != values.dtype:
+        last_values = last_values.to(values.dtype)  # rsl_rl's loop promotes; the storage's dtype is the result's
+    advantages = torch.empty_like(values)
+    gae(storage.rewards, values, bootstrap_value=last_values, done=storage.dones, gamma=float(gamma),
+        lmbda=float(lam), time_dim=0, whiten=_WHITEN if normalize else False, out=(advantages, storage.returns))
+    storage.advantages = advantages
+
+
+def compute_returns(self, obs) -> None:
+    """``PPO.compute_returns`` (rsl-rl-lib 3.2 on) with the loop and the normalisation as one
+    fused call; see the module docstring."""
+    if STORAGE_LAYOUT or not _mapped(self.storage):  # up to 3.1 PPO's part, then the storage's method
+        return _RslPPO.__dict__["compute_returns"](self, obs)
+    if _HAS_CRITIC:
+        hidden = self.critic.get_hidden_state() if _KEEPS_HIDDEN_STATE else None
+        last_values = self.critic(obs).detach()
+        if _KEEPS_HIDDEN_STATE:  # the bootstrap pass must not advance a recurrent critic's state
+            self.critic.reset(hidden_state=hidden)
+    else:
+        last_values = self.policy.evaluate(obs).detach()
+    _fused(self.storage, last_values, self.gamma, self.lam, not self.normalize_advantage_per_mini_batch)
+
+
+def storage_compute_returns(self, last_values, gamma, lam, normalize_advantage: bool = True) -> None:
+    """``RolloutStorage.compute_returns`` (rsl-rl-lib up to 3.1) as one fused call."""
+    if not _mapped(self) or not isinstance(last_values, torch.Tensor):
+        return _ORIGINAL(self, last_values, gamma, lam, normalize_advantage)
+    _fused(self, last_values, gamma, lam, normalize_advantage)
+
+
+class PPO(_RslPPO):
+    """rsl_rl's ``PPO`` with the fused GAE and normalisation:
+    ``algorithm.class_name = "rl_triton.integrations.rsl_rl:PPO"`` (rsl-rl-lib 3.3 on, whose
+    runners resolve ``module:Class`` names; up to 3.1 construct it directly)."""
+
+    def compute_returns(self, obs) -> None:
+        if STORAGE_LAYOUT:
+            last_values = self.policy.evaluate(obs).detach()
+            storage_compute_returns(self.storage, last_values, self.gamma, self.lam,
+                                    normalize_advantage=not self.normalize_advantage_per_mini_batch)
+            return
+        compute_returns(self, obs)
+
+
+def _apply() -> None:
+    if STORAGE_LAYOUT:
+        _Storage.compute_returns = storage_compute_returns
+    else:
+        _RslPPO.compute_returns = compute_returns
+
+
+def _restore() -> None:
+    setattr(_Storage if STORAGE_LAYOUT else _RslPPO, "compute_returns", _ORIGINAL)
+
+
+_state = PatchState(_apply, _restore)
+
+
+def patch() -> None:
+    """Route rsl_rl's GAE (``PPO.compute_returns``, or up to 3.1 ``RolloutStorage.compute_returns``)
+    through rl_triton until ``unpatch()``, for every instance and subclass that inherits the
+    method. Idempotent, thread-safe, shared with ``patched()`` blocks (see docs/rsl_rl.md)."""
+    _state.patch()
+
+
+def unpatch() -> None:
+    """Withdraw ``patch()``: rsl_rl's own method (the original function object) is back at once,
+    or when the last open ``patched()`` block closes. Idempotent. Thread-safe."""
+    _state.unpatch()
+
+
+def is_patched() -> bool:
+    """Whether rsl_rl's method is routed through rl_triton now."""
+    return _state.active
+
+
+def patched():
+    """``with patched(): ...``: rsl_rl is patched for the block. Blocks nest, also across threads;
+    rsl_rl's own method comes back when the last holder (block or ``patch()``) lets go."""
+    return _state.patched()
