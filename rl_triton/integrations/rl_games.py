@@ -104,7 +104,7 @@ def _advantages(agent, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb
     values = mb_values if mb_values.dtype == mb_rewards.dtype else mb_values.to(mb_rewards.dtype)
     rewards, starts, last_done = mb_rewards, mb_fdones.unsqueeze(-1), fdones.unsqueeze(-1)
     if mb_rewards.shape[2] == 1:
-        # one value head: [T, N, 1] as [T, N] (views), the rows the CPU kernels read faster
+        # one value head: [T, N, 1] as [T, N] (views), the kernels' plain time-major form
         rewards, values, boot, starts, last_done = (x[..., 0] for x in (rewards, values, boot, starts, last_done))
         lmbda = lmbda[..., 0] if isinstance(lmbda, torch.Tensor) else lmbda
     adv, _ = gae(rewards, values, episode_starts=starts, last_done=last_done, bootstrap_value=boot, gamma=gamma,

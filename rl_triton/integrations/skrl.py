@@ -117,7 +117,7 @@ def _gae_normalized(rewards, values, done, last_values, gamma, lmbda):
     shape = rewards.shape
     if rewards.ndim > 2 and v.shape == done.shape == shape and boot.shape == shape[1:]:
         # [T, N, 1] as [T, N] (views of contiguous memories): every element is its own row of
-        # the scan and of the statistics alike, and the CPU kernels read [T, N] rows faster
+        # the scan and of the statistics alike; the kernels' plain time-major form
         rewards, v, done = (x.reshape(shape[0], -1) for x in (rewards, v, done))
         boot = boot.reshape(-1)
     adv, returns = gae(rewards, v, done=done, bootstrap_value=boot, gamma=gamma, lmbda=lmbda, time_dim=0,
