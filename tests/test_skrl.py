@@ -93,6 +93,8 @@ def test_value_heads_and_lower_precision_last_values():
     kw = dict(rewards=rewards, terminated=terminated, truncated=truncated, values=values,
               last_values=last_values.to(torch.bfloat16), time_limit_bootstrap=True)
     _close(rt_skrl.compute_gae(**kw), ORIGINALS["skrl.agents.torch.ppo.ppo"](**kw), torch.float32)
+    kw.update(terminated=terminated[..., :1], truncated=truncated[..., :1])  # flags shared by the columns
+    _close(rt_skrl.compute_gae(**kw), ORIGINALS["skrl.agents.torch.ppo.ppo"](**kw), torch.float32)
 
 
 def test_mixed_dtypes_and_gradients():

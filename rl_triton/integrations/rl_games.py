@@ -99,16 +99,19 @@ def _advantages(agent, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb
         # a masked step t + 1 cuts the trace into step t (the advantages get the mask below)
         lmbda = torch.full(mb_rewards.shape[:2], lmbda, dtype=mb_rewards.dtype, device=mb_rewards.device)
         lmbda[:-1] *= mb_masks[1:]
-        lmbda = lmbda.unsqueeze(-1)
     boot = last_values if last_values.dtype == mb_rewards.dtype else last_values.to(mb_rewards.dtype)
     values = mb_values if mb_values.dtype == mb_rewards.dtype else mb_values.to(mb_rewards.dtype)
-    rewards, starts, last_done = mb_rewards, mb_fdones.unsqueeze(-1), fdones.unsqueeze(-1)
-    if mb_rewards.shape[2] == 1:
-        # one value head: [T, N, 1] as [T, N] (views), the kernels' plain time-major form
-        rewards, values, boot, starts, last_done = (x[..., 0] for x in (rewards, values, boot, starts, last_done))
-        lmbda = lmbda[..., 0] if isinstance(lmbda, torch.Tensor) else lmbda
-    adv, _ = gae(rewards, values, episode_starts=starts, last_done=last_done, bootstrap_value=boot, gamma=gamma,
-                 lmbda=lmbda, time_dim=0)
+    # [T, N, K] as [T, N * K], the kernels' plain time-major form, with the flags (and a per-step
+    # lmbda) repeated over the heads: views for one head, a copy of the flags for several
+    T, N, K = mb_rewards.shape
+
+    def heads(x):
+        return x.unsqueeze(-1).expand(*x.shape, K).reshape(*x.shape[:-1], N * K)
+
+    if isinstance(lmbda, torch.Tensor):
+        lmbda = heads(lmbda)
+    adv, _ = gae(mb_rewards.reshape(T, N * K), values.reshape(T, N * K), episode_starts=heads(mb_fdones),
+                 last_done=heads(fdones), bootstrap_value=boot.reshape(N * K), gamma=gamma, lmbda=lmbda, time_dim=0)
     adv = adv.reshape(mb_rewards.shape)
     if mb_masks is not None:
         adv *= mb_masks.unsqueeze(-1)

@@ -115,10 +115,12 @@ def _gae_normalized(rewards, values, done, last_values, gamma, lmbda):
     # one call, the normalisation fused, where skrl's returns are the value targets it forms
     fused = v is values and not (torch.is_grad_enabled() and any(x.requires_grad for x in (rewards, values, boot)))
     shape = rewards.shape
-    if rewards.ndim > 2 and v.shape == done.shape == shape and boot.shape == shape[1:]:
-        # [T, N, 1] as [T, N] (views of contiguous memories): every element is its own row of
-        # the scan and of the statistics alike; the kernels' plain time-major form
-        rewards, v, done = (x.reshape(shape[0], -1) for x in (rewards, v, done))
+    if rewards.ndim > 2 and v.shape == shape and boot.shape == shape[1:] and done.ndim == len(shape) \
+            and all(d in (1, n) for d, n in zip(done.shape, shape)):
+        # [T, N, 1] as [T, N] (views of contiguous memories; flags that broadcast over trailing
+        # dims are repeated): every element is its own row of the scan and of the statistics
+        # alike, the kernels' plain time-major form
+        rewards, v, done = (x.expand(shape).reshape(shape[0], -1) for x in (rewards, v, done))
         boot = boot.reshape(-1)
     adv, returns = gae(rewards, v, done=done, bootstrap_value=boot, gamma=gamma, lmbda=lmbda, time_dim=0,
                        whiten=_WHITEN if fused else False)
