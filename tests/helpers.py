@@ -9,6 +9,7 @@ inputs are compared against the oracle on the rounded data).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -750,3 +751,38 @@ def rllib_remote_ppo_counts(learner_class=None) -> dict:
         return report
     finally:
         algo.stop()
+
+
+def count_calls(monkeypatch, module, name: str = "gae") -> list:
+    """Replace ``module.name`` (for the test) by a wrapper that counts its calls: the list it
+    appends one item to per call."""
+    calls = []
+    inner = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+@contextlib.contextmanager
+def held_in_thread(context):
+    """Enter ``context()`` (a ``patched`` of an integration) in another thread and hold it
+    until this block ends; the thread's block then closes."""
+    opened, release = threading.Event(), threading.Event()
+
+    def hold():
+        with context():
+            opened.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert opened.wait(10), "the thread's block did not open"
+        yield
+    finally:
+        release.set()
+        thread.join()

@@ -21,6 +21,8 @@ PUBLIC = {
     "rl_triton/integrations/rllib.py": "rl_triton.integrations.rllib",
     "rl_triton/integrations/cleanrl.py": "rl_triton.integrations.cleanrl",
     "rl_triton/integrations/rsl_rl.py": "rl_triton.integrations.rsl_rl",
+    "rl_triton/integrations/skrl.py": "rl_triton.integrations.skrl",
+    "rl_triton/integrations/rl_games.py": "rl_triton.integrations.rl_games",
     "rl_triton/integrations/verl.py": "rl_triton.integrations.verl",
     "rl_triton/integrations/trl.py": "rl_triton.integrations.trl",
     "rl_triton/integrations/openrlhf.py": "rl_triton.integrations.openrlhf",

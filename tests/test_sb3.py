@@ -18,6 +18,7 @@ sb3 = pytest.importorskip("stable_baselines3")
 from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer  # noqa: E402
 
 import rl_triton.integrations.sb3 as rt_sb3  # noqa: E402
+from helpers import count_calls  # noqa: E402
 
 ORIGINAL = RolloutBuffer.__dict__["compute_returns_and_advantage"]
 
@@ -176,15 +177,7 @@ def test_patch_holders_across_threads(monkeypatch):
 
 
 def _counting(monkeypatch):
-    calls = []
-    inner = rt_sb3.gae
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return inner(*args, **kwargs)
-
-    monkeypatch.setattr(rt_sb3, "gae", counted)
-    return calls
+    return count_calls(monkeypatch, rt_sb3)
 
 
 @pytest.mark.parametrize("algo", ["PPO", "A2C"])
