@@ -197,11 +197,19 @@ def _local_moments(x: torch.Tensor, mask: torch.Tensor | None, cd: torch.dtype):
     return n, mean, (dev * dev).sum()
 
 
+# the three compiled kernels of a whitening specialisation (dtypes, options, Triton's
+# specialisation of pointers and sizes), launched from data pointers after the first call
+_WHITEN_KERNELS: dict = {}
+
+
 def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
     """Whiten contiguous ``x`` into ``y`` (which may be ``x``) with the Triton kernels of
-    rl_triton/core/kernels/moments.py: block partials, their fold, the normalisation."""
+    rl_triton/core/kernels/moments.py: block partials, their fold, the normalisation. The first
+    call of a specialisation goes through Triton's dispatch; later ones call the compiled
+    kernels' launchers with data pointers (Triton's dispatch costs tens of microseconds a launch)."""
     import triton.language as tl
 
+    from . import kernels
     from .kernels import moments as k
 
     flat, out = x.view(-1), y.view(-1)
@@ -210,12 +218,32 @@ def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
     acc = tl.float64 if x.dtype == torch.float64 else tl.float32
     parts = torch.empty(max(1, -(-n // k.BLOCK)), 3, dtype=inputs.compute_dtype(x.dtype), device=x.device)
     stats = torch.empty(2, dtype=torch.float64, device=x.device)
-    grid = (parts.shape[0],)
-    k.moments_kernel[grid](flat, flat if valid is None else valid, parts, n, HAS_MASK=valid is not None,
-                           BLOCK=k.BLOCK, ACC=acc)
-    k.fold_kernel[(1,)](parts, stats, parts.shape[0], eps, UNBIASED=unbiased, SCALE=scale,
-                        CLAMP=eps_mode == "clamp", STD=eps_mode == "std", FOLD_BLOCK=k.FOLD_BLOCK)
-    k.normalize_kernel[grid](flat, out, stats, n, SHIFT_BACK=not shift_mean, BLOCK=k.BLOCK, ACC=acc)
+    P = parts.shape[0]
+    m = flat if valid is None else valid
+    tensors = (flat, m, parts, stats, out)
+    ptrs = [t.data_ptr() for t in tensors]
+    calls = (
+        ((P,), (ptrs[0], ptrs[1], ptrs[2], n), (valid is not None, k.BLOCK, acc)),
+        ((1,), (ptrs[2], ptrs[3], P, eps), (unbiased, scale, eps_mode == "clamp", eps_mode == "std", k.FOLD_BLOCK)),
+        ((P,), (ptrs[0], ptrs[4], ptrs[3], n), (not shift_mean, k.BLOCK, acc)),
+    )
+    key = (x.dtype, None if valid is None else valid.dtype, *calls[1][2], *calls[2][2][:1],
+           tuple(p % 16 == 0 for p in ptrs), n % 16 == 0, n == 1, n >= 1 << 31, P % 16 == 0, P == 1, x.device)
+    compiled = _WHITEN_KERNELS.get(key)
+    if compiled is not None and kernels.direct_launch_ok(x.device):
+        stream = kernels.current_stream(x.device)
+        for kernel, (grid, args, constexprs) in zip(compiled, calls):
+            kernel.run(grid[0], 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *args,
+                       *constexprs)
+        return
+    compiled = (
+        k.moments_kernel[(P,)](flat, m, parts, n, HAS_MASK=valid is not None, BLOCK=k.BLOCK, ACC=acc),
+        k.fold_kernel[(1,)](parts, stats, P, eps, UNBIASED=unbiased, SCALE=scale, CLAMP=eps_mode == "clamp",
+                            STD=eps_mode == "std", FOLD_BLOCK=k.FOLD_BLOCK),
+        k.normalize_kernel[(P,)](flat, out, stats, n, SHIFT_BACK=not shift_mean, BLOCK=k.BLOCK, ACC=acc),
+    )
+    if all(kernels.launchable(c) for c in compiled):
+        _WHITEN_KERNELS[key] = compiled
 
 
 def _combine(n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, group):

@@ -450,6 +450,23 @@ def _dispatch(config: _Config, args, ws, runtime, phase, idx):
 
 
 @functools.lru_cache(maxsize=None)
+def launchable(kernel) -> bool:
+    """Whether a kernel Triton's dispatch returned can be launched from data pointers later
+    (``kernel.run``), as the whitening passes are (rl_triton/core/whiten.py)."""
+    return _launchable(kernel)
+
+
+def direct_launch_ok(device: torch.device) -> bool:
+    """Whether a launch from data pointers may run now for tensors on ``device``: no launch hooks
+    set and ``device`` the current CUDA device."""
+    return not _hooks_active() and (device.index is None or device.index == torch.cuda.current_device())
+
+
+def current_stream(device: torch.device):
+    """Triton's current stream of ``device``, for ``kernel.run``."""
+    return _stream_getter()(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _stream_getter():
     """Triton's current-stream function (looked up once: the driver is a lazy proxy)."""
     return driver.active.get_current_stream
