@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from rl_triton._scripts import parser, progress, require  # noqa: E402
+from rl_triton._scripts import parser, progress, require, two_panels  # noqa: E402
 
 ENV = "CartPole-v1"
 RLLIB_INSTALL = "pip install -e '.[rllib]' torch==2.13.0"
@@ -196,21 +196,11 @@ def report(results, out: str):
         w.writerow(["algo", "run", "iteration", "env_steps", "episode_return_mean", "iteration_s", "gae_or_vtrace_s"])
         for (algo, label), rows in results.items():
             w.writerows([algo, label, i + 1, *row] for i, row in enumerate(rows))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
-    for (algo, label), rows in results.items():
-        ax.plot([r[0] for r in rows], [r[1] for r in rows], ".-", label=f"{algo.upper()} {label}")
-        bx.plot(range(1, len(rows) + 1), [1e3 * r[3] for r in rows], ".-", label=f"{algo.upper()} {label}")
-    ax.set(xlabel="env steps", ylabel="episode return mean", title=f"RLlib on {ENV}")
-    bx.set(xlabel="iteration", ylabel="ms in GAE (PPO) / V-trace (APPO)", yscale="log", title="per iteration")
-    ax.legend()
-    bx.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "returns.png"))
+    two_panels(os.path.join(out, "returns.png"),
+               ((f"{algo.upper()} {label}", ([r[0] for r in rows], [r[1] for r in rows]),
+                 (range(1, len(rows) + 1), [1e3 * r[3] for r in rows])) for (algo, label), rows in results.items()),
+               dict(xlabel="env steps", ylabel="episode return mean", title=f"RLlib on {ENV}"),
+               dict(xlabel="iteration", ylabel="ms in GAE (PPO) / V-trace (APPO)", yscale="log", title="per iteration"))
     print(f"wrote {out}/iterations.csv and returns.png")
 
 

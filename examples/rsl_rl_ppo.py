@@ -32,7 +32,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from rl_triton._scripts import parser, progress, require  # noqa: E402
+from rl_triton._scripts import parser, progress, require, two_panels  # noqa: E402
 
 ENV = "CartPole-v1"
 
@@ -154,22 +154,11 @@ def report(results: dict, out: str):
         w.writerow(["run", "iteration", "iteration_s", "compute_returns_ms", "mean_episode_return"])
         for label in labels:
             w.writerows(results[label])
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
-    for label in labels:
-        rows = results[label]
-        ax.plot([r[1] for r in rows], [r[4] for r in rows], ".-", label=label)
-        bx.plot([r[1] for r in rows], [r[2] for r in rows], ".-", label=label)
-    ax.set(xlabel="iteration", ylabel="mean episode return", title=f"rsl_rl PPO, {ENV}")
-    bx.set(xlabel="iteration", ylabel="iteration time (s)", title="time per iteration")
-    ax.legend()
-    bx.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "returns.png"))
+    two_panels(os.path.join(out, "returns.png"),
+               ((label, ([r[1] for r in results[label]], [r[4] for r in results[label]]),
+                 ([r[1] for r in results[label]], [r[2] for r in results[label]])) for label in labels),
+               dict(xlabel="iteration", ylabel="mean episode return", title=f"rsl_rl PPO, {ENV}"),
+               dict(xlabel="iteration", ylabel="iteration time (s)", title="time per iteration"))
     print(f"wrote {out}/iterations.csv and returns.png")
 
 

@@ -154,3 +154,27 @@ def dataclass_args(doc: str, cls, derived=("batch_size", "minibatch_size", "num_
         else:
             p.add_argument(flag, type=types[kind], default=f.default, help=help_text)
     return cls(**vars(p.parse_args()))
+
+
+def two_panels(path: str, curves, left: dict, right: dict) -> None:
+    """A PNG of two plots side by side: ``curves`` yields ``(label, (x, y), (x, y))``, a run's
+    points on the left and on the right plot; ``left``/``right`` are each axis' ``set`` keywords
+    (xlabel, ylabel, title, yscale, ...). matplotlib with the Agg backend (no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    # a wide solid line under narrower dashed ones: runs that coincide (same seed) stay visible
+    styles = (dict(linestyle="-", linewidth=4, alpha=0.5), dict(linestyle="--", linewidth=1.5),
+              dict(linestyle=":", linewidth=1.5), dict(linestyle="-.", linewidth=1))
+    for i, (label, *points) in enumerate(curves):
+        for ax, (x, y) in zip(axes, points):
+            ax.plot(x, y, marker=".", label=label, **styles[i % len(styles)])
+    for ax, settings in zip(axes, (left, right)):
+        ax.set(**settings)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -106,3 +106,23 @@ def test_llm_token_ppo_plot_shows_coinciding_curves(tmp_path):
     assert ticks and all(float(t).is_integer() for t in ticks), ticks
     fig.savefig(tmp_path / "scores.png")
     assert (tmp_path / "scores.png").stat().st_size > 0
+
+
+def test_two_panels_keeps_coinciding_runs_visible(tmp_path, monkeypatch):
+    """The examples' two-plot PNG (rl_triton/_scripts.two_panels): each run in its own line style,
+    so runs with the same seed and the same returns both show."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    from rl_triton._scripts import two_panels
+
+    drawn = []
+    plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **k: (drawn.append(k), plot(ax, *a, **k))[1])
+    path = tmp_path / "returns.png"
+    same = ([1, 2, 3], [10.0, 20.0, 30.0])
+    two_panels(str(path), [("a", same, same), ("b", same, ([1, 2, 3], [1.0, 2.0, 2.0]))],
+               dict(xlabel="env steps"), dict(xlabel="iteration", yscale="log"))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    styles = {(k["linestyle"], k["linewidth"]) for k in drawn}
+    assert len(drawn) == 4 and len(styles) == 2
