@@ -163,16 +163,13 @@ def _normalized(x, n, mean, m2, out, grad, unbiased, shift_mean, scale, eps, eps
 
 
 # -- statistics ------------------------------------------------------------------------------
-MOMENT_ROW = 16384  # elements a row of the numba statistics holds (128 KB of float64: in cache for both passes)
-
-
 def _row_moments(x: torch.Tensor, mask: torch.Tensor | None, cd: torch.dtype):
     """``_local_moments`` by the numba kernel: the elements of ``x`` in memory order, in rows of
-    ``MOMENT_ROW`` (a shorter last one), each row reduced to its ``(n, mean, M2)`` in float64,
+    ``cpu.WHITEN_ROW`` (a shorter last one; in cache for both passes), each row reduced to its ``(n, mean, M2)`` in float64,
     the rows folded by Chan et al.'s formula; in ``cd`` (n int64)."""
     flat = (x if x.dtype == cd else x.to(cd)).reshape(-1)
     valid = None if mask is None else mask.reshape(-1)
-    width = min(flat.numel(), MOMENT_ROW)
+    width = min(flat.numel(), cpu.WHITEN_ROW)
     whole = flat.numel() // width * width
     parts = [cpu.row_moments(flat[:whole].view(-1, width), None if valid is None else valid[:whole].view(-1, width))]
     if whole < flat.numel():
@@ -220,14 +217,16 @@ def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
     stats = torch.empty(2, dtype=torch.float64, device=x.device)
     P = parts.shape[0]
     m = flat if valid is None else valid
-    tensors = (flat, m, parts, stats, out)
-    ptrs = [t.data_ptr() for t in tensors]
+    ptrs = [t.data_ptr() for t in (flat, m, parts, stats, out)]
+    # each launch: grid, runtime arguments, compile-time arguments (in the kernels' order)
     calls = (
         ((P,), (ptrs[0], ptrs[1], ptrs[2], n), (valid is not None, k.BLOCK, acc)),
         ((1,), (ptrs[2], ptrs[3], P, eps), (unbiased, scale, eps_mode == "clamp", eps_mode == "std", k.FOLD_BLOCK)),
         ((P,), (ptrs[0], ptrs[4], ptrs[3], n), (not shift_mean, k.BLOCK, acc)),
     )
-    key = (x.dtype, None if valid is None else valid.dtype, *calls[1][2], *calls[2][2][:1],
+    # what Triton specialises the kernels on: dtypes, the compile-time arguments, pointers' 16-byte
+    # alignment, sizes divisible by 16, equal to 1 or past int32
+    key = (x.dtype, None if valid is None else valid.dtype, unbiased, scale, eps_mode, shift_mean,
            tuple(p % 16 == 0 for p in ptrs), n % 16 == 0, n == 1, n >= 1 << 31, P % 16 == 0, P == 1, x.device)
     compiled = _WHITEN_KERNELS.get(key)
     if compiled is not None and kernels.direct_launch_ok(x.device):

@@ -13,10 +13,11 @@ so ``dev = -S1 / n`` and the group's sum of squared deviations ``M2 = S2 - (S1 /
 ``s_i`` is a score of the group, ``n * dev^2 <= n * M2`` and the difference loses at most
 ``log2(n + 1)`` bits. Where ``S2`` overflows (``s_i`` far out in a group of huge scores) the
 program takes two sweeps instead (``_two_pass``: ``n`` and ``S1``, then ``sum (d_j - S1 / n)^2``),
-so that ``M2`` overflows exactly where the torch path's does. A group of equal scores has ``d = 0`` for every pair, hence ``dev = 0``
-exactly, and the sums add small numbers. A non-finite ``S1`` (an infinite or NaN score in the
-group) makes ``dev`` NaN. A pair of two groups leaves the sums as they are (``tl.where``, never a product with a
-0/1 mask), so a non-finite score reaches its own group alone. Each (i, j slot) of the tile keeps
+so that ``M2`` overflows exactly where the torch path's does. A group of equal scores has
+``d = 0`` for every pair, hence ``dev = 0`` exactly, and the sums add small numbers. A
+non-finite ``S1`` (an infinite or NaN score in the group) makes ``dev`` NaN. A pair of two
+groups leaves the sums as they are (``tl.where``, never a product with a 0/1 mask), so a
+non-finite score reaches its own group alone. Each (i, j slot) of the tile keeps
 its own sums over the sweep; they are added up once at the end, in a fixed order: deterministic,
 no atomics. O(B^2) pairs, about six instructions each.
 """
@@ -31,11 +32,18 @@ NUM_WARPS = 4
 
 
 @triton.jit
+def _responses(scores, ids, j, B, s_stride, id_stride, id_i, ACC: tl.constexpr):
+    """The scores of responses j (some past B) and which pairs (i, j) share a group."""
+    s_j = tl.load(scores + j * s_stride, mask=j < B, other=0.0).to(ACC)
+    same = (tl.load(ids + j * id_stride, mask=j < B, other=0)[None, :] == id_i[:, None]) & (j < B)[None, :]
+    return s_j, same
+
+
+@triton.jit
 def _pairs(scores, ids, j, B, s_stride, id_stride, s_i, id_i, n, s1, s2, ACC: tl.constexpr, TAIL: tl.constexpr):
     """(n, S1, S2) plus the pairs of responses i with responses j (some past B where TAIL)."""
     if TAIL:
-        s_j = tl.load(scores + j * s_stride, mask=j < B, other=0.0).to(ACC)
-        same = (tl.load(ids + j * id_stride, mask=j < B, other=0)[None, :] == id_i[:, None]) & (j < B)[None, :]
+        s_j, same = _responses(scores, ids, j, B, s_stride, id_stride, id_i, ACC)
     else:
         s_j = tl.load(scores + j * s_stride).to(ACC)
         same = tl.load(ids + j * id_stride)[None, :] == id_i[:, None]
@@ -56,20 +64,14 @@ def _two_pass(scores, ids, adv, B, s_stride, id_stride, eps, one_eps, MODE: tl.c
     j = tl.arange(0, BLOCK_J)
     n = tl.zeros((BLOCK_I, BLOCK_J), ACC)
     s1 = tl.zeros((BLOCK_I, BLOCK_J), ACC)
-    for start in range(0, B, BLOCK_J):
-        s_j = tl.load(scores + (start + j) * s_stride, mask=start + j < B, other=0.0).to(ACC)
-        same = (tl.load(ids + (start + j) * id_stride, mask=start + j < B, other=0)[None, :] == id_i[:, None]) \
-            & (start + j < B)[None, :]
-        n = tl.where(same, n + 1.0, n)
-        s1 = tl.where(same, s1 + (s_j[None, :] - s_i[:, None]), s1)
+    for start in range(0, B, BLOCK_J):  # the one-pass sums (its S2, which overflowed, unused)
+        n, s1, _ = _pairs(scores, ids, start + j, B, s_stride, id_stride, s_i, id_i, n, s1, s1, ACC, True)
     n = tl.maximum(tl.sum(n, 1), 1.0)
     S1 = tl.sum(s1, 1)
     mean_d = _divide(S1, n, ACC)
     sq = tl.zeros((BLOCK_I, BLOCK_J), ACC)
     for start in range(0, B, BLOCK_J):
-        s_j = tl.load(scores + (start + j) * s_stride, mask=start + j < B, other=0.0).to(ACC)
-        same = (tl.load(ids + (start + j) * id_stride, mask=start + j < B, other=0)[None, :] == id_i[:, None]) \
-            & (start + j < B)[None, :]
+        s_j, same = _responses(scores, ids, start + j, B, s_stride, id_stride, id_i, ACC)
         c = (s_j[None, :] - s_i[:, None]) - mean_d[:, None]
         sq = tl.where(same, sq + c * c, sq)
     dev = tl.where(tl.abs(S1) < float("inf"), 0.0 - mean_d, float("nan"))
