@@ -17,6 +17,18 @@ def assert_clean_log(stderr, cwd):
     assert not (cwd / "MUJOCO_LOG.TXT").exists()
 
 
+def run_example(path, args, cwd, timeout=600) -> str:
+    """Run ``path`` (relative to the repository root) with ``args`` in ``cwd``, this checkout first
+    on the path and matplotlib without a display; assert it succeeded with a clean log (above) and
+    return its standard output."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]), MPLBACKEND="Agg")
+    result = subprocess.run([sys.executable, os.path.join(ROOT, path), *args], capture_output=True, text=True,
+                            env=env, timeout=timeout, cwd=cwd)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert_clean_log(result.stderr, cwd)
+    return result.stdout
+
+
 def _needs(*modules):
     for m in modules:
         pytest.importorskip(m)
@@ -31,13 +43,9 @@ def _needs(*modules):
 )
 def test_example_runs(script, args, modules, tmp_path):
     _needs(*modules)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]), MPLBACKEND="Agg")
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), "--compare", "--out",
-                             str(tmp_path), *args], capture_output=True, text=True, env=env, timeout=900,
-                            cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert_clean_log(result.stderr, tmp_path)
-    assert "| SB3 loop |" in result.stdout and "| rl_triton |" in result.stdout
+    stdout = run_example(os.path.join("examples", script), ["--compare", "--out", str(tmp_path), *args], tmp_path,
+                         timeout=900)
+    assert "| SB3 loop |" in stdout and "| rl_triton |" in stdout
     for name in ("timings.csv", "episodes.csv", "returns.png"):
         assert (tmp_path / name).stat().st_size > 0
 
@@ -45,14 +53,10 @@ def test_example_runs(script, args, modules, tmp_path):
 @pytest.mark.parametrize("estimator", ["gae", "grpo"])
 def test_llm_token_ppo_runs(estimator, tmp_path):
     _needs("transformers")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]), MPLBACKEND="Agg")
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "llm_token_ppo.py"), "--compare",
-                             "--estimator", estimator, "--iterations", "2", "--prompts", "2", "--group-size", "3",
-                             "--max-new", "12", "--out", str(tmp_path)], capture_output=True, text=True, env=env,
-                            timeout=600, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert_clean_log(result.stderr, tmp_path)
-    assert "| verl loop |" in result.stdout and "| rl_triton |" in result.stdout
+    stdout = run_example(os.path.join("examples", "llm_token_ppo.py"),
+                         ["--compare", "--estimator", estimator, "--iterations", "2", "--prompts", "2", "--group-size",
+                          "3", "--max-new", "12", "--out", str(tmp_path)], tmp_path)
+    assert "| verl loop |" in stdout and "| rl_triton |" in stdout
     for name in ("iterations.csv", "scores.png"):
         assert (tmp_path / name).stat().st_size > 0
 

@@ -2,22 +2,9 @@
 synthetic benchmark runs on one small shape; all write their outputs."""
 
 import os
-import subprocess
-import sys
 
 import pytest
-from test_examples import assert_clean_log
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _run(path, args, cwd):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]), MPLBACKEND="Agg")
-    result = subprocess.run([sys.executable, os.path.join(ROOT, path), *args], capture_output=True, text=True,
-                            env=env, timeout=300, cwd=cwd)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert_clean_log(result.stderr, cwd)
-    return result.stdout
+from test_examples import run_example
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast-gae", "no-fast-gae"])
@@ -33,9 +20,9 @@ def _run(path, args, cwd):
 def test_example_runs(script, args, modules, fast, tmp_path):
     for m in ("gymnasium", "matplotlib", *modules):
         pytest.importorskip(m)
-    out = _run(os.path.join("examples", script),
-               ["--num-envs", "2", "--no-cuda", "--fast-gae" if fast else "--no-fast-gae",
-                "--out", str(tmp_path), *args], tmp_path)
+    out = run_example(os.path.join("examples", script),
+                      ["--num-envs", "2", "--no-cuda", "--fast-gae" if fast else "--no-fast-gae",
+                       "--out", str(tmp_path), *args], tmp_path, timeout=300)
     assert ("| compute_gae |" if fast else "| inline loop |") in out
     for name in ("timings.csv", "episodes.csv", "returns.png"):
         assert (tmp_path / name).stat().st_size > 0
@@ -45,8 +32,9 @@ def test_example_runs(script, args, modules, fast, tmp_path):
 
 def test_synthetic_benchmark_runs(tmp_path):
     md = tmp_path / "cleanrl.md"
-    out = _run(os.path.join("benchmarks", "cleanrl_synthetic.py"),
-               ["--device", "cpu", "--shapes", "64x32", "--epochs", "1", "--repeats", "2", "--md", str(md)], tmp_path)
+    out = run_example(os.path.join("benchmarks", "cleanrl_synthetic.py"),
+                      ["--device", "cpu", "--shapes", "64x32", "--epochs", "1", "--repeats", "2", "--md", str(md)],
+                      tmp_path, timeout=300)
     assert "| 64 x 32 |" in out
     text = md.read_text()
     assert "| 64 x 32 |" in text and "speed-up" in text

@@ -3,28 +3,20 @@ rl_triton's with the same seed, and writes its outputs."""
 
 import csv
 import os
-import subprocess
-import sys
 
 import pytest
-from test_examples import assert_clean_log
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from test_examples import run_example
 
 
 def test_rllib_example_runs(tmp_path):
     for module in ("ray.rllib", "gymnasium", "matplotlib"):
         pytest.importorskip(module)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]), MPLBACKEND="Agg")
     args = ["--compare", "--iterations", "1", "--train-batch-size", "200", "--out", str(tmp_path)]
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "rllib_ppo_appo.py"), *args],
-                            capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert_clean_log(result.stderr, tmp_path)
+    stdout = run_example(os.path.join("examples", "rllib_ppo_appo.py"), args, tmp_path)
     for run in ("PPO RLlib", "APPO RLlib"):
-        assert f"{run}: 1 iterations, rl_triton fused calls in the Learner: 0" in result.stdout
+        assert f"{run}: 1 iterations, rl_triton fused calls in the Learner: 0" in stdout
     for run in ("PPO rl_triton", "APPO rl_triton"):
-        line = next(x for x in result.stdout.splitlines() if x.startswith(f"{run}: 1 iterations"))
+        line = next(x for x in stdout.splitlines() if x.startswith(f"{run}: 1 iterations"))
         assert int(line.rsplit(":", 1)[1]) >= 1, line
     with open(tmp_path / "iterations.csv") as f:
         rows = list(csv.DictReader(f))

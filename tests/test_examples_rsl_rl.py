@@ -4,27 +4,19 @@ subclass from the same seed, and writes its outputs."""
 import csv
 import math
 import os
-import subprocess
-import sys
 
 import pytest
-from test_examples import assert_clean_log
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from test_examples import run_example
 
 
 def test_rsl_rl_example_runs(tmp_path):
     for module in ("rsl_rl", "gymnasium", "tensordict", "matplotlib"):
         pytest.importorskip(module)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]), MPLBACKEND="Agg")
     args = ["--compare", "--out", str(tmp_path), "--iterations", "3", "--num-envs", "32", "--steps", "8"]
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "rsl_rl_ppo.py"), *args],
-                            capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert_clean_log(result.stderr, tmp_path)
-    assert "| | rsl_rl | rl_triton |" in result.stdout
-    assert "algorithm rl_triton.integrations.rsl_rl.PPO" in result.stdout
-    assert "algorithm rsl_rl.algorithms.ppo.PPO" in result.stdout
+    stdout = run_example(os.path.join("examples", "rsl_rl_ppo.py"), args, tmp_path)
+    assert "| | rsl_rl | rl_triton |" in stdout
+    assert "algorithm rl_triton.integrations.rsl_rl.PPO" in stdout
+    assert "algorithm rsl_rl.algorithms.ppo.PPO" in stdout
     with open(tmp_path / "iterations.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 6
