@@ -9,7 +9,14 @@ time-major rollout cut along time). Rows of the table, per shape, timed side by 
   into the whole sequence, run ``rl_triton.gae`` on it, keep this rank's slice;
 - ``local``: ``rl_triton.gae`` on the chunk alone, no collective (the scan a rank cannot avoid);
 - ``collective``: one all-gather of as many bytes as the sharded call's map exchange (its fixed
-  cost).
+  cost);
+- ``sharded, graph`` (CUDA): the sharded call captured in a CUDA graph (its collective included)
+  and replayed: its device work without the host path.
+
+The bound of a sharded call is the chunk's own scan plus one all-gather of the maps (``local +
+collective``). On CUDA, ``launches`` counts the device operations (kernels, copies, fills) the
+profiler records for one repeated call of each way. A sharded call whose result differs from the
+baseline's (relative to 1 + |baseline|: 1e-4 in float32, 1e-10 in float64) fails the run.
 
 Bytes are those each rank hands to the collectives per call. With no launcher, the script
 spawns ``--world`` processes itself (gloo on the CPU, or NCCL with one GPU each); under
@@ -35,6 +42,7 @@ from common import machine, parser, spread  # noqa: E402
 
 SHAPES = "256x32768,64x131072,8x1048576"
 WAYS = ("sharded", "all-gather", "local", "collective")
+TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
 
 
 def _chunk(B, T, world, rank, dtype, device, seed=0):
@@ -92,6 +100,48 @@ def _ways(rt, dist, group, world, chunk, gather_bytes):
     return {"sharded": sharded, "all-gather": all_gather, "local": local, "collective": collective}
 
 
+def _graphed(fn):
+    """``fn`` captured in a CUDA graph (after two warm-up calls on a side stream), as a replay;
+    None and the reason where capture fails."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        torch.cuda.synchronize()
+        return None, f"{type(e).__name__}: {e}".splitlines()[0][:120]
+    return graph.replay, None
+
+
+def launches(fn) -> int:
+    """Device operations (kernels, copies, fills) the CUDA profiler records for one call of ``fn``."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+
+
+def relative_error(got, want) -> float:
+    """The largest |got - want| / (1 + |want|) over the outputs."""
+    return max(((g.double() - w.double()).abs() / (1 + w.double().abs())).max().item() for g, w in zip(got, want))
+
+
+def failures(rows, dtype: str) -> list:
+    """The shapes whose sharded result is off the baseline's by more than the tolerance."""
+    return [shape for shape, _, _, _, err, *_ in rows if not err <= TOLERANCE[dtype]]
+
+
 def _time(fn, calls, dist, group, device):
     """Seconds per call of the slowest rank over ``calls`` back-to-back calls."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -132,17 +182,24 @@ def worker(rank, world, port, args):
             sent = counter.bytes
             ways = _ways(rt, dist, group, world, chunk, sent // 2)
             want = ways["all-gather"]()
-            err = max((g.double() - w.double()).abs().max().item() for g, w in zip(got, want))
+            err = relative_error(got, want)
             for fn in ways.values():  # compile and warm up
                 fn()
+            counts, note = {}, None
+            if device.type == "cuda":
+                counts = {way: launches(ways[way]) for way in ("sharded", "all-gather", "local")}
+                replay, note = _graphed(ways["sharded"])
+                if replay is not None:
+                    ways["sharded, graph"] = replay
             calls = max(1, min(args.max_calls, int(args.batch_s / max(_time(ways["all-gather"], 1, dist, group,
                                                                                 device), 1e-6))))
-            times = {way: [] for way in WAYS}
+            names = tuple(ways)
+            times = {way: [] for way in names}
             for k in range(args.rounds):
-                for way in WAYS[k % len(WAYS):] + WAYS[:k % len(WAYS)]:
+                for way in names[k % len(names):] + names[:k % len(names)]:
                     times[way].append(_time(ways[way], calls, dist, group, device))
             input_bytes = sum(x.numel() * x.element_size() for x in chunk[:3])
-            rows.append((shape, times, sent, input_bytes, err))
+            rows.append((shape, times, sent, input_bytes, err, counts, note))
     finally:
         dist.destroy_process_group()
     if rank == 0:
@@ -153,19 +210,28 @@ def _report(rows, world, args, device):
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else machine()
     print(f"\nGAE over T split across {world} rank(s) ({'NCCL' if device.type == 'cuda' else 'gloo'}, {where}), "
           f"{args.dtype}, median ms per call of the slowest rank (lowest-highest of {args.rounds} rounds)\n")
-    print("| B x T | sharded | all-gather | local | collective | all-gather / sharded | "
-          "sharded / (local + collective) | bytes per rank: sharded | all-gather | max abs diff |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for shape, times, sent, input_bytes, err in rows:
+    print("| B x T | sharded | sharded, graph | all-gather | local | collective | bound: local + collective | "
+          "sharded / bound | all-gather / sharded | launches: sharded / all-gather / local | "
+          "bytes per rank: sharded | all-gather | max relative diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for shape, times, sent, input_bytes, err, counts, note in rows:
         ms = {way: spread([t * 1e3 for t in ts], "{:.3f}") for way, ts in times.items()}
+        bound = [lo + c for lo, c in zip(times["local"], times["collective"])]
         speedup = [a / s for a, s in zip(times["all-gather"], times["sharded"])]
-        floor = [s / (lo + c) for s, lo, c in zip(times["sharded"], times["local"], times["collective"])]
+        floor = [s / b for s, b in zip(times["sharded"], bound)]
         B = int(shape.split("x")[0])
-        print(f"| {shape} | {ms['sharded']} | {ms['all-gather']} | {ms['local']} | {ms['collective']} | "
-              f"{spread(speedup, '{:.1f}', 'x')} | {spread(floor, '{:.2f}', 'x')} | {sent} ({sent / B:.0f} B/row) | "
-              f"{input_bytes} | {err:.1e} |")
+        graph = ms.get("sharded, graph", "-" if note is None else f"({note})")
+        count = " / ".join(str(counts[w]) for w in ("sharded", "all-gather", "local")) if counts else "-"
+        print(f"| {shape} | {ms['sharded']} | {graph} | {ms['all-gather']} | {ms['local']} | {ms['collective']} | "
+              f"{spread([b * 1e3 for b in bound], '{:.3f}')} | {spread(floor, '{:.2f}', 'x')} | "
+              f"{spread(speedup, '{:.1f}', 'x')} | {count} | {sent} ({sent / B:.0f} B/row) | {input_bytes} | "
+              f"{err:.1e} |")
     print(f"\nmedian of all-gather / sharded at {rows[-1][0]}: "
           f"{statistics.median(a / s for a, s in zip(rows[-1][1]['all-gather'], rows[-1][1]['sharded'])):.1f}x")
+    bad = failures(rows, args.dtype)
+    if bad:
+        print(f"FAILED: the sharded result differs from the baseline's at {', '.join(bad)}", file=sys.stderr)
+        sys.exit(1)
 
 
 def main():

@@ -216,6 +216,64 @@ def test_triton_edge_maps_over_split_time(world):
     _spawn(_regime_worker, world)
 
 
+PLANNED = (("gae", "done+bootstrap"), ("gae", "terminated+bootstrap"), ("gae", "gym"), ("gae", "plain"),
+           ("td_lambda_return", "torchrl"), ("discounted_return", "done"), ("discounted_return", "gym"),
+           ("eligibility_trace", "done+initial"), ("episodic_cumsum", "done"), ("affine_scan", "forward"),
+           ("affine_scan", "reverse"))
+
+
+def _plan_worker(rank, world, group):
+    """Repeated sharded calls of one signature on Triton run through the chunk plan
+    (sharded.ChunkPlan: phase 1, the handed map, one all-gather, phase 2 folding every rank's
+    maps), their values changing between calls, with and without ``out=``; a rank without steps
+    takes the general path in the same collective."""
+    from rl_triton.core import sharded
+
+    served = []
+    execute = sharded.ChunkPlan.execute
+
+    def counted(self, *args):
+        result = execute(self, *args)
+        served.append(result is not None)
+        return result
+    sharded.ChunkPlan.execute = counted
+    bounds = _bounds(world, 26)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    for fn, variant in PLANNED:
+        for dtype, tol in ((F64, 1e-12), (F32, 1e-5)):
+            for call in range(3):
+                p = catalog.make(fn, (ROWS, bounds[-1]), variant, dtype=dtype, seed=call, p_term=0.15, gamma=0.9,
+                                 lmbda=0.8).flagged_at(bounds[1:-1])
+                whole = p.call("triton")
+                served.clear()
+                got = p.steps(lo, hi).call("triton", group=group)
+                what = f"{fn} {variant} {dtype} call {call}, rank {rank}"
+                assert served == ([True] if hi > lo else []), (what, served)
+                for g, w in zip(_tuple(got), _tuple(whole)):
+                    _close(g, w[:, lo:hi], tol, what)
+    # out= (the caller's tensors written), and a repeated call of the first signature again
+    g = torch.Generator().manual_seed(7)
+    r, v = torch.randn(ROWS, bounds[-1], generator=g, dtype=F64), torch.randn(ROWS, bounds[-1], generator=g,
+                                                                               dtype=F64)
+    d, boot = torch.rand(ROWS, bounds[-1], generator=g) < 0.2, torch.randn(ROWS, generator=g, dtype=F64)
+    whole = rl_triton.gae(r, v, done=d, bootstrap_value=boot, gamma=0.9, lmbda=0.8, backend="triton")
+    for _ in range(2):
+        out = (torch.full((ROWS, hi - lo), torch.nan, dtype=F64), torch.full((ROWS, hi - lo), torch.nan, dtype=F64))
+        served.clear()
+        got = _chunk_call("gae", (r, v), dict(done=d, bootstrap_value=boot, gamma=0.9, lmbda=0.8), lo, hi, group,
+                          backend="triton", out=out)
+        assert served == ([True] if hi > lo else []) and got[0] is out[0] and got[1] is out[1]
+        for o, w in zip(out, whole):
+            _close(o, w[:, lo:hi], 1e-12, f"gae out= rank {rank}")
+    sharded.ChunkPlan.execute = execute
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton kernels run in the interpreter")
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_repeated_calls_run_the_chunk_plan(world):
+    _spawn(_plan_worker, world)
+
+
 def _bytes_worker(rank, world, group, sent):
     import torch.distributed as dist
 
@@ -356,3 +414,73 @@ def _packed_worker(rank, world, group):
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_packed_sequences_across_ranks_match_the_unsharded_call(world):
     _spawn(_packed_worker, world)
+
+
+def _nccl_rank(rank, world, port, worker):
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        worker(rank, world, dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+
+
+def _cuda_plan_worker(rank, world, group):
+    """On CUDA with NCCL: a repeated sharded GAE call is four device operations (phase 1, the
+    handed map, the all-gather, phase 2), and it replays from a CUDA graph, its collective
+    included, with new values in its input tensors."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    B, T = 64, 1 << 15
+    g = torch.Generator(device="cuda").manual_seed(0)
+    steps = T // world
+    r, v = (torch.randn(steps, B, device="cuda", generator=g) for _ in range(2))
+    d = torch.rand(steps, B, device="cuda", generator=g) < 0.01
+    boot = torch.randn(B, device="cuda", generator=g)
+
+    def sharded():
+        return rl_triton.gae(r, v, done=d, bootstrap_value=boot, time_dim=0, group=group)
+
+    def whole():
+        parts = [torch.empty(world * steps, B, dtype=x.dtype, device="cuda") for x in (r, v, d)]
+        for part, x in zip(parts, (r, v, d)):
+            torch.distributed.all_gather_into_tensor(part, x, group=group)
+        adv, ret = rl_triton.gae(*parts[:2], done=parts[2], bootstrap_value=boot, time_dim=0)
+        return adv[rank * steps:(rank + 1) * steps], ret[rank * steps:(rank + 1) * steps]
+
+    for _ in range(2):
+        for got, want in zip(sharded(), whole()):
+            _close(got, want, 1e-4, "sharded gae on CUDA")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sharded()
+        torch.cuda.synchronize()
+    ops = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+    assert len(ops) <= 4, ops
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        sharded()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = sharded()
+    for seed in (1, 2):
+        g.manual_seed(seed)
+        r.copy_(torch.randn(steps, B, device="cuda", generator=g))
+        d.copy_(torch.rand(steps, B, device="cuda", generator=g) < 0.05)
+        graph.replay()
+        for got, want in zip(captured, whole()):
+            _close(got, want, 1e-4, f"graph replay {seed}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not torch.distributed.is_nccl_available(),
+                    reason="needs CUDA and NCCL")
+def test_a_sharded_call_on_cuda_is_four_launches_and_replays_from_a_cuda_graph():
+    import torch.multiprocessing as mp
+
+    world = torch.cuda.device_count() if torch.cuda.device_count() > 1 else 1
+    mp.spawn(_nccl_rank, args=(world, _free_port(), _cuda_plan_worker), nprocs=world, join=True)

@@ -215,6 +215,12 @@ class Call:
             if chunk.carry is not None:
                 args["carry"] = chunk.carry
             args.update(chunk.args or {})
+            if chunk.record is not None:
+                bound = algo.bind(**args)
+                plan = None if not self.plannable or any(self.aliased) else plans.Plan.build(
+                    chunk.record.values, (), algo, self.backend, self.cd, bound, self.rows, self.out, self.checks,
+                    self.numbers)
+                chunk.record(algo, bound, plan)
             results = launch.run(algo, self.backend, self.cd, algo.bind(**args), self.rows, self.out, edge=edge)
             if edge is not None:
                 chunk.edge[:, :-1] = edge

@@ -46,11 +46,11 @@ def clear() -> None:
         _plans.clear()
 
 
-class _Unkeyable(Exception):
+class Unkeyable(Exception):
     pass
 
 
-def _fingerprint(x):
+def fingerprint(x):
     """What the signature key holds of one argument (``cached`` inlines tensors and floats; a
     tensor without strides raises RuntimeError). Other numbers carry their type, so that 1,
     1.0 and True stay apart."""
@@ -60,8 +60,8 @@ def _fingerprint(x):
     if t is float or t is int or t is bool or t is str or x is None:
         return t, x
     if t is tuple or t is list:
-        return t, tuple([_fingerprint(y) for y in x])
-    raise _Unkeyable
+        return t, tuple([fingerprint(y) for y in x])
+    raise Unkeyable
 
 
 class Chunk(NamedTuple):
@@ -74,6 +74,9 @@ class Chunk(NamedTuple):
     carry: torch.Tensor | None
     edge: torch.Tensor | None
     args: dict | None = None  # further kernel arguments by name (spec.py)
+    # where not None, the fused call's plan (Plan) goes to record(plan) instead of a launch, and
+    # the call ends there (record raises)
+    record: object = None
 
 
 CHUNK: contextvars.ContextVar = contextvars.ContextVar("rl_triton_chunk", default=None)
@@ -100,13 +103,13 @@ def cached(fn):
             for x in args:
                 t = type(x)
                 key.append((x.dtype, x.shape, x.stride(), x.device, x.requires_grad) if t is torch.Tensor
-                           else x if t is float else _fingerprint(x))
+                           else x if t is float else fingerprint(x))
             for name, x in kwargs.items():
                 t = type(x)
                 key.append(name)
                 key.append((x.dtype, x.shape, x.stride(), x.device, x.requires_grad) if t is torch.Tensor
-                           else x if t is float else _fingerprint(x))
-        except (_Unkeyable, RuntimeError):  # RuntimeError: a tensor without strides (sparse, say)
+                           else x if t is float else fingerprint(x))
+        except (Unkeyable, RuntimeError):  # RuntimeError: a tensor without strides (sparse, say)
             return fn(*args, **kwargs)
         key = tuple(key)
         plan = _plans.get(key)
@@ -281,8 +284,9 @@ class Plan:
                     plan.pointer_slots.append((n_src + pos - n, outputs[pos - n][2]))
         return plan
 
-    def execute(self, values: dict):
-        """Run the plan on one call's arguments; None where this call needs the full path."""
+    def prepare(self, values: dict):
+        """One call's caller tensors, fresh outputs and their kernel views (None: made where
+        needed), its checks run; None where this call needs the full path."""
         for name, value in self.numbers:
             if float(values[name]) != value:
                 return None  # a one-element tensor read as a number holds another one now
@@ -301,9 +305,21 @@ class Plan:
             views.append(view)
         if self.out_sources and self._overlap(sources):
             return None
+        return sources, outs, views
+
+    def data_pointers(self, sources, outs) -> list:
+        """The launch's data pointers (``Launch.tensor_slots``) for these tensors (Triton)."""
+        tensors = sources + outs + self.constants
+        return [tensors[k].data_ptr() + offset for k, offset in self.pointer_slots]
+
+    def execute(self, values: dict):
+        """Run the plan on one call's arguments; None where this call needs the full path."""
+        prepared = self.prepare(values)
+        if prepared is None:
+            return None
+        sources, outs, views = prepared
         if self.pointers:
-            tensors = sources + outs + self.constants
-            if self.launch.launch_direct([tensors[k].data_ptr() + offset for k, offset in self.pointer_slots]):
+            if self.launch.launch_direct(self.data_pointers(sources, outs)):
                 if self.can_generate and self.hit is None:
                     self.hit = self._generate()
                 return outs[0] if self.single else tuple(outs)
@@ -401,6 +417,11 @@ class Plan:
 
     def _launch(self, sources, outs, views):
         """Launch on views of the caller's tensors (numpy arrays for numba)."""
+        self.launch.launch(*self.kernel_views(sources, outs, views))
+
+    def kernel_views(self, sources, outs, views):
+        """The kernel's arguments and output views on the caller's tensors (numpy arrays for
+        numba)."""
         arrays = self.arrays is not None
         for j, (out, (_, _, offset, shape, strides, seen)) in enumerate(zip(outs, self.outputs)):
             if views[j] is None:
@@ -412,7 +433,7 @@ class Plan:
                 seen_as[k] = sources[k].numpy()
         for pos, k, offset, shape, strides, seen in self.slots:
             args[pos] = _seen_as(seen_as[k], sources[k], offset, shape, strides, seen)
-        self.launch.launch(args, views)
+        return args, views
 
     def _overlap(self, sources) -> bool:
         """Whether a caller's output meets another of the call's tensors in memory."""

@@ -27,11 +27,12 @@ after reading the offsets and every rank's token count on the host.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
-from . import launch
+from . import inputs, launch, plans
 from .packed import PER_SEQUENCE
 from .plans import CHUNK, Chunk
 from .whiten import check_group, gather_ranks, masked_whiten
@@ -152,9 +153,25 @@ def run(fn, kw: dict):
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
+    lam = _handed_lambda(fn, kw)
+    key = _plan_key(fn, kw, out, group, world, rank) if steps else None
+    if key is not None:
+        plan = _PLANS.get(key)
+        if plan is None or launch.plan_forced():
+            plan = ChunkPlan.build(fn, kw, out, rule, reverse, lam, two_state, at, group, world, rank, device)
+            if not launch.plan_forced():
+                while len(_PLANS) >= MAX_PLANS:
+                    _PLANS.pop(next(iter(_PLANS)))
+                _PLANS[key] = plan
+        if plan is not _NO_PLAN:
+            result = plan.execute(kw, out, group)
+            if result is not None:
+                return _whitened(result, kw, whiten, group)
     local_kw = dict(kw)
+    if lam is not None:  # GAE hands on V + lambda*A (handed_value below): no boundary inputs
+        local_kw["bootstrap_value"] = None
     # 1. boundary inputs: every rank's first step, and whether it has one
-    mine = rule.boundary(kw, at(0)) if rule.boundary is not None and reverse else {}
+    mine = rule.boundary(kw, at(0)) if rule.boundary is not None and reverse and lam is None else {}
     if mine:
         names = list(mine)
         local = _flagged(torch.stack([mine[n].to(cd).reshape(-1) for n in names]), cd, steps > 0)
@@ -173,6 +190,10 @@ def run(fn, kw: dict):
         result = _one_call(fn, first_kw, Chunk(zero, edge[:, :width + 1], kernel_args))
         if rule.hands is not None:
             edge[:, 0], edge[:, 1] = rule.hands(kw, at(0), at(-1), edge[:, 0], edge[:, 1])
+        if lam is not None:
+            edge[:, 0] = at(0)("values").reshape(-1).to(edge.dtype) + lam * edge[:, 0]
+    if lam is not None:
+        edge[:, 2] = _own(kw.get("bootstrap_value"), rows_shape, edge[:, 2])
     if two_state and kw.get("bootstrap_value") is not None:
         edge[:, -1] = kw["bootstrap_value"].expand(rows_shape).reshape(-1)
     # 3. one all-gather of the maps (with whether each chunk has steps), folded to this chunk;
@@ -188,11 +209,137 @@ def run(fn, kw: dict):
         if two_state:
             local_kw["bootstrap_value"] = carry[0].reshape(rows_shape).to(ref.dtype)
             carry = carry[1]
+        if lam is not None:
+            carry = carry / lam
         # into the first pass's outputs (already allocated) unless the caller gave some
         result = _one_call(fn, {**local_kw, "out": result if out is None else out}, Chunk(carry, None, kernel_args))
     else:
         result = fn(**kw, out=out)  # the function's own empty outputs
     return _whitened(result, kw, whiten, group)
+
+
+_PLANS: dict = {}
+MAX_PLANS = 64
+_NO_PLAN = object()
+
+
+def _plan_key(fn, kw, out, group, world, rank):
+    """A sharded call's signature (plans.cached's, with the group, world and rank), or None."""
+    try:
+        return (fn, id(group), world, rank, inputs.env_state(), plans.fingerprint(out),
+                *[(name, plans.fingerprint(x)) for name, x in kw.items()])
+    except (plans.Unkeyable, RuntimeError):
+        return None
+
+
+class _Recorded(Exception):
+    """Raised by a recording chunk call once its plan is taken (nothing launched)."""
+
+
+class _Record:
+    """``Chunk.record``: takes the fused call's plan and stops the call."""
+
+    def __init__(self, values):
+        self.values = values
+        self.algo = self.args = self.plan = None
+
+    def __call__(self, algo, args, plan):
+        self.algo, self.args = algo, args
+        self.plan = plan if isinstance(plan, plans.Plan) else None
+        raise _Recorded
+
+
+class ChunkPlan:
+    """A repeated sharded call of one signature on Triton, as four launches: the engine's phase 1
+    over the chunk and ``hand_kernel`` into the map this rank sends (kernels.ChunkLaunch), one
+    ``all_gather_into_tensor`` of every rank's map, and phase 2 folding them into its carry and
+    scanning the chunk (the protocol of :func:`run`: ``3R + 1`` numbers a rank). No host
+    synchronisation; the call's tensors are found and checked as by its one-GPU plan
+    (plans.Plan), the outputs made fresh or the caller's ``out``."""
+
+    @classmethod
+    def build(cls, fn, kw, out, rule, reverse, lam, two_state, at, group, world, rank, device):
+        """The plan of this call's signature, or _NO_PLAN where the call has none: another backend
+        than Triton, boundary inputs to exchange, a two-state scan, Retrace's handed value, or
+        views the one-GPU plan cannot locate."""
+        if launch.resolve_backend(kw.get("backend"), device) != "triton" or two_state \
+                or rule.hands not in (None, _trace_hands):
+            return _NO_PLAN
+        if lam is None and rule.boundary is not None and reverse and rule.boundary(kw, at(0)):
+            return _NO_PLAN
+        values = {**kw, "out": out}
+        record = _Record(values)
+        chunk_kw = {**kw, "bootstrap_value": None} if lam is not None else kw
+        own = None
+        if lam is not None and not isinstance(kw.get("bootstrap_value"), (torch.Tensor, type(None))):
+            return _NO_PLAN
+        if lam is not None and kw.get("bootstrap_value") is not None:
+            own = kw["bootstrap_value"].reshape(-1)  # the window's V(s_T): the own carry c[T]
+        try:
+            _one_call(fn, {**chunk_kw, "out": out}, Chunk(own, None, None, record))
+        except _Recorded:
+            pass
+        if record.plan is None:
+            return _NO_PLAN
+        algo, args = record.algo, record.args
+        hand = {}
+        if isinstance(args.carry, torch.Tensor):
+            hand["own"] = algo.names.index("carry")
+        scale = divisor = None
+        if lam is not None:
+            hand["offset"] = algo.names.index("values")
+            scale = torch.tensor([lam], dtype=torch.float64, device=device)
+            divisor = torch.tensor([lam], dtype=record.plan.launch.ws_dtype, device=device)
+        if rule.hands is _trace_hands and isinstance(args.done, torch.Tensor):
+            hand["cut"] = algo.names.index("done")
+        if any(not isinstance(args[pos], torch.Tensor) for pos in hand.values()):
+            return _NO_PLAN
+        from . import kernels
+
+        self = cls()
+        self.plan = record.plan
+        compute = torch.float64 if record.plan.launch.ws_dtype == torch.float64 else torch.float32
+        self.chunk = kernels.ChunkLaunch(record.plan.launch, world, rank, compute, hand, scale, divisor)
+        return self
+
+    def execute(self, kw, out, group):
+        """This call's outputs, or None where it needs the general path."""
+        import torch.distributed as dist
+
+        kw["out"] = out
+        prepared = self.plan.prepare(kw)
+        del kw["out"]
+        if prepared is None:
+            return None
+        sources, outs, views = prepared
+        chunk = self.chunk
+        ptrs = self.plan.data_pointers(sources, outs) if self.plan.pointers else None
+        tensors = None
+        if ptrs is None or not chunk.ready(ptrs):
+            args, out_views = self.plan.kernel_views(sources, outs, views)
+            tensors = self.plan.launch._tensors(args, out_views)
+        chunk.reduce(ptrs, tensors)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(chunk.gathered, chunk.send, group=group)
+        chunk.scan(ptrs, tensors)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _handed_lambda(fn, kw):
+    """GAE with implied next values and a number lambda != 0 hands on ``V + lambda*A`` of its
+    first step (c[t] = V[t] + lambda*A[t] follows c[t] = (1-lambda)*V[t] + lambda*r[t] +
+    lambda*gamma*(1-done[t])*c[t+1] and reads no V(s_t1): A[T-1] = r - V + gamma*(1-done)*c[T],
+    so a chunk runs with no bootstrap value and carry c/lambda, and needs no boundary input).
+    Returns that lambda, or None where the call exchanges boundary inputs instead."""
+    lmbda = kw.get("lmbda", 0.95)
+    if fn.__name__ != "gae" or kw.get("mask") is not None or kw.get("mask_mode", "skip") != "skip" \
+            or kw.get("next_values") is not None or kw.get("episode_starts") is not None \
+            or type(lmbda) not in (float, int) or not math.isfinite(lmbda) or abs(lmbda) < MIN_HANDED_LAMBDA:
+        return None
+    return float(lmbda)
+
+
+MIN_HANDED_LAMBDA = 2.0 ** -20  # c/lambda stays far from overflow for |c| < 1e32 in float32
 
 
 def _flagged(x, cd, *flags):

@@ -32,7 +32,7 @@ try:
     from triton.runtime import driver
 
     from .builders import PARTS, PREV_FROM_OUTPUTS
-    from .engine import edge_kernel, scan_kernel
+    from .engine import edge_kernel, hand_kernel, scan_kernel
 
     try:
         from triton import knobs
@@ -331,8 +331,9 @@ class Launch:
             packed[slot] = (t, 0, 0) if slot in self.constants else (t, *packed[slot])
         return tuple(packed[:self.n_args]), tuple(packed[self.n_args:])
 
-    def _run_compiled(self, ptrs, phased_kernels, ws_ptr) -> None:
-        """Compiled kernels ``(phase, kernel)`` launched on the data pointers of ``tensor_slots``."""
+    def _run_compiled(self, ptrs, phased_kernels, ws_ptr, fold=None) -> None:
+        """Compiled kernels ``(phase, kernel)`` launched on the data pointers of ``tensor_slots``
+        (``fold``: the engine's, from data pointers)."""
         direct = self.templates.copy()
         for (slot, tail), ptr in zip(self.tails, ptrs):
             direct[slot] = (ptr, *tail)
@@ -341,7 +342,7 @@ class Launch:
         stream = _stream_getter()(self.device_index)
         for phase, kernel in phased_kernels:
             kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                       ins, outs, ws_ptr, *self.runtime, *constexprs[phase], self.idx)
+                       ins, outs, ws_ptr, fold, *self.runtime, *constexprs[phase], self.idx)
 
     def direct_source(self, pointers, namespace: dict, aligned):
         """Python source lines launching the kernel compiled for the alignment ``aligned`` (which
@@ -389,7 +390,7 @@ class Launch:
             namespace.update({f"_k{phase}": kernel.run, f"_f{phase}": kernel.function,
                               f"_m{phase}": kernel.packed_metadata})
             lines.append(f"_k{phase}(_g0, _g1, 1, _s, _f{phase}, _m{phase}, None, None, None, "
-                         f"({', '.join(items[:n])},), ({', '.join(items[n:])},), _ws, {', '.join(runtime)}, "
+                         f"({', '.join(items[:n])},), ({', '.join(items[n:])},), _ws, None, {', '.join(runtime)}, "
                          f"{', '.join(names)}, _idx)")
         return lines
 
@@ -429,17 +430,114 @@ class Launch:
         return torch.cuda.device(self.device) if other else contextlib.nullcontext()
 
 
+class ChunkLaunch:
+    """One rank's chunk of a sequence split across ranks (rl_triton/core/sharded.py) on the
+    Triton backend, for one call signature: the engine's phase 1 writes the segments' maps,
+    ``hand_kernel`` folds them into the map the rank sends (``send``, ``3R + 1`` numbers), and
+    after the all-gather into ``gathered`` the engine's phase 2 folds every rank's maps into its
+    carry (``fold``) and scans the chunk. Built on the chunk's :class:`Launch` (its plan, its
+    arguments with the chunk's own carry in the carry slot); ``hand``: kernel argument
+    positions of the per-row views the handed map reads (``own``: the carry, ``offset``: an input
+    at the chunk's first step, ``cut``: a flag at its last step) and ``scale`` (a one-element
+    tensor, or None); ``divisor``: the same for the received carry.
+
+    The first launches of a pointer alignment go through Triton's dispatch with tensors
+    (``reduce``/``scan`` with ``tensors``); later ones call the compiled kernels from data
+    pointers (``tensors`` None). ``ready(ptrs)`` says which a call takes."""
+
+    def __init__(self, launch: Launch, world: int, rank: int, compute: torch.dtype, hand: dict,
+                 scale: torch.Tensor | None, divisor: torch.Tensor | None):
+        self.launch = launch
+        config = launch.config
+        R, T = launch.runtime[:2]
+        self.R, self.T = R, T
+        device = launch.device
+        self.ws = torch.empty(max(1, R * config.n_seg * 2), dtype=launch.ws_dtype, device=device)
+        self.send = torch.empty(3 * R + 1, dtype=compute, device=device)
+        self.gathered = torch.empty(world * (3 * R + 1), dtype=compute, device=device)
+        self.scale, self.divisor = scale, divisor
+        self.fold = (self.gathered, world, rank, divisor)
+        self.fold_direct = (self.gathered.data_ptr(), world, rank) + (
+            (None,) if divisor is None else (divisor.data_ptr(),))
+        slot_of = {pos: i for i, pos in enumerate(launch.tensor_slots)}
+        # per view of the handed map: (index into the pointers, byte offset, row stride)
+        self.views = {}
+        for name, pos in hand.items():
+            strides = launch.templates[pos]
+            size = launch.keys[pos][0].itemsize
+            step = 0 if name != "cut" else (T - 1) * strides[1] * size
+            self.views[name] = (slot_of[pos], step, strides[0])
+        self.hand_grid = (_cdiv(R, 32),)
+        self.hand_constexprs = (32, _pow2(config.n_seg))
+        self.compiled: dict = {}  # pointer alignment -> (phase 1, hand, phase 2)
+        self.last_aligned = None
+
+    def ready(self, ptrs) -> bool:
+        """Whether the compiled kernels serve these data pointers (and may launch now)."""
+        aligned = self.launch.all_aligned if not functools.reduce(operator.or_, ptrs) & 15 else \
+            tuple(p % 16 == 0 for p in ptrs)
+        self.last_aligned = aligned
+        return aligned in self.compiled and direct_launch_ok(self.launch.device)
+
+    def _hand_views(self, values, tensors):
+        out = {}
+        for name in ("own", "offset", "cut"):
+            if name not in self.views:
+                out[name] = None
+                continue
+            i, step, stride = self.views[name]
+            if tensors is None:
+                out[name] = (values[i] + step, stride)
+            else:
+                x = tensors[i]
+                out[name] = (x if x.ndim == 1 else x[:, self.T - 1 if name == "cut" else 0], stride)
+        return out
+
+    def reduce(self, ptrs, tensors=None) -> None:
+        """Phase 1 and the handed map into ``send`` (the views' tensors where not ``ready``)."""
+        launch, config = self.launch, self.launch.config
+        if tensors is None:
+            k1, kh, _ = self.compiled[self.last_aligned]
+            views = self._hand_views(ptrs, None)
+            launch._run_compiled(ptrs, [(1, k1)], self.ws.data_ptr())
+            kh.run(self.hand_grid[0], 1, 1, _stream_getter()(launch.device_index), kh.function, kh.packed_metadata,
+                   None, None, None, self.ws.data_ptr(), self.send.data_ptr(), views["own"], views["offset"],
+                   views["cut"], None if self.scale is None else self.scale.data_ptr(), self.R, config.n_seg,
+                   *self.hand_constexprs)
+            return
+        with launch._on_device():
+            k1 = _dispatch(config, launch._with_tensors(tensors), self.ws, launch.runtime, 1, launch.idx)
+            views = self._hand_views(None, tensors)
+            kh = hand_kernel[self.hand_grid](self.ws, self.send, views["own"], views["offset"], views["cut"],
+                                             self.scale, self.R, config.n_seg, BLOCK_R=self.hand_constexprs[0],
+                                             SEG_BLOCK=self.hand_constexprs[1], num_warps=1)
+        self._pending = (k1, kh)
+
+    def scan(self, ptrs, tensors=None) -> None:
+        """Phase 2 from the carry the gathered maps give (the tensors where not ``ready``)."""
+        launch, config = self.launch, self.launch.config
+        if tensors is None:
+            launch._run_compiled(ptrs, [(2, self.compiled[self.last_aligned][2])], self.ws.data_ptr(),
+                                 self.fold_direct)
+            return
+        with launch._on_device():
+            k2 = _dispatch(config, launch._with_tensors(tensors), self.ws, launch.runtime, 2, launch.idx, self.fold)
+        compiled = (*self._pending, k2)
+        if all(_launchable(k) for k in compiled):
+            self.compiled[tuple(t.data_ptr() % 16 == 0 for t in tensors)] = compiled
+
+
 def _launchable(kernel) -> bool:
     """Whether Triton's dispatch returned a compiled kernel whose launcher can be called directly
     (not under the interpreter)."""
     return not INTERPRET and hasattr(kernel, "packed_metadata") and hasattr(kernel, "function")
 
 
-def _dispatch(config: _Config, args, ws, runtime, phase, idx):
+def _dispatch(config: _Config, args, ws, runtime, phase, idx, fold=None):
     """Launch one phase of the engine through Triton's dispatch (compiling if needed); returns
-    the compiled kernel."""
+    the compiled kernel. ``fold``: the engine's (phases 0 and 2)."""
     try:
-        return scan_kernel[config.grid](*args, ws, *runtime, *config.constexprs[phase], idx,
+        return scan_kernel[config.grid](*args, ws, fold, *runtime, *config.constexprs[phase], idx,
                                         num_warps=config.num_warps)
     except Exception as e:
         if "outside of the scope of a kernel" in str(e):  # jit functions built before TRITON_INTERPRET=1 was set

@@ -33,6 +33,13 @@ Phases: 0 = one pass per row; with the time axis split into segments, 1 = each p
 reduces its segment to the affine map y_out = A + B*y_in (written to ``ws``), 2 = each program
 folds the maps of the segments before it into its incoming carry and scans for real.
 
+``fold`` (phases 0 and 2, one-value scans; None otherwise) makes the carry the one this
+chunk receives within a sequence split across ranks (rl_triton/core/sharded.py): ``(maps, world,
+rank, divisor)``, ``maps`` every rank's handed map in rank order (``3R + 1`` numbers a rank: per
+row the value handed on from carry 0, its gain and the rank's own carry, then whether the rank
+holds steps), folded from the ranks beyond this one in scan order (:func:`_fold_ranks`), then
+divided by ``divisor`` (a one-element tensor, or None).
+
 ``PAIR`` algorithms scan a state of two values (phase 0, or phase 1 over one segment, whose
 map ``(a1, b1, a2, b2, c)`` goes to ``ws``): a first value that follows its
 own recurrence, x[t] = a1 + b1*x[t-1], and y[t] = a2 + c*x[t-1] + b2*y[t-1], which reads it
@@ -173,7 +180,37 @@ def _segments(ws, rows, rmask, n_seg, upto, ACC: tl.constexpr, SEG_BLOCK: tl.con
 
 
 @triton.jit
-def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
+def _fold_ranks(fold, rows, rmask, own, R, REVERSE: tl.constexpr, ACC: tl.constexpr):
+    """The carry a chunk receives from the maps of the ranks beyond it in scan order (``fold``:
+    see the module docstring): the first of them holding steps (the window's far end) starts
+    from its own carry, each later one applies its map; a rank without steps passes the value
+    on; with none beyond holding steps, ``own`` (this rank's own carry)."""
+    maps = fold[0]
+    world = fold[1]
+    rank = fold[2]
+    n = world - 1 - rank if REVERSE else rank
+    c = tl.zeros((rows.shape[0],), ACC)
+    seen = tl.zeros((rows.shape[0],), tl.int32)  # a rank holding steps was met
+    for i in range(n):
+        if REVERSE:
+            j = world - 1 - i
+        else:
+            j = i
+        base = maps + j * (3 * R + 1)
+        present = (tl.load(base + 3 * R) != 0).to(tl.int32)
+        h = tl.load(base + rows * 3, mask=rmask, other=0.0).to(ACC)
+        g = tl.load(base + rows * 3 + 1, mask=rmask, other=0.0).to(ACC)
+        o = tl.load(base + rows * 3 + 2, mask=rmask, other=0.0).to(ACC)
+        c = tl.where(present != 0, _step(h, g, tl.where(seen != 0, c, o)), c)
+        seen = tl.maximum(seen, present)
+    c = tl.where(seen != 0, c, own)
+    if fold[3] is not None:
+        c = c / tl.load(fold[3]).to(ACC)
+    return c
+
+
+@triton.jit
+def scan_kernel(ins, outs, ws, fold, R, T, seg_chunks, n_seg,
                 BUILD: tl.constexpr, INIT: tl.constexpr, STORE: tl.constexpr,
                 REVERSE: tl.constexpr, NEED_PREV: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, VEC: tl.constexpr, SEG_BLOCK: tl.constexpr,
@@ -216,6 +253,8 @@ def scan_kernel(ins, outs, ws, R, T, seg_chunks, n_seg,
         cb = tl.zeros((BLOCK_R,), ACC) + 1.0
     else:
         ca = INIT(ins, rows, rmask, T, ACC)
+        if fold is not None:
+            ca = _fold_ranks(fold, rows, rmask, ca, R, REVERSE, ACC)
         cb = tl.zeros((BLOCK_R,), ACC)
         if PHASE == 2:
             seg_a, seg_b = _segments(ws, rows, rmask, n_seg, seg, ACC, SEG_BLOCK)
@@ -346,3 +385,34 @@ def edge_kernel(ws, edge, carry, bootstrap, R, n_seg, PAIR: tl.constexpr, BLOCK_
         out = edge.dtype.element_ty
         tl.store(edge + r64 * 2, _step(a_end, b_end, c_in).to(out), mask=rmask)
         tl.store(edge + r64 * 2 + 1, b_end.to(out), mask=rmask)
+
+
+@triton.jit
+def hand_kernel(ws, send, own, offset, cut, scale, R, n_seg, BLOCK_R: tl.constexpr, SEG_BLOCK: tl.constexpr):
+    """A chunk's handed map into ``send`` (``3R + 1`` numbers; rl_triton/core/sharded.py): per
+    row, from the segments' maps phase 1 left in ``ws`` folded in scan order (``a + b*carry``),
+    ``h = offset + scale*a`` and ``g = b``, both 0 where ``cut``, then the row's own carry; last,
+    1 (this rank holds steps). ``own``, ``offset``, ``cut``: ``(pointer, row stride)`` per-row
+    views or None (0, 0, never); ``scale``: a one-element tensor or None (1)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < R
+    a, b = _segments(ws, rows, rmask, n_seg, n_seg, tl.float64, SEG_BLOCK)
+    if scale is not None:
+        a = a * tl.load(scale).to(tl.float64)
+    if offset is not None:
+        a = tl.load(offset[0] + rows * offset[1], mask=rmask, other=0.0).to(tl.float64) + a
+    if cut is not None:
+        stop = tl.load(cut[0] + rows * cut[1], mask=rmask, other=0) != 0
+        a = tl.where(stop, 0.0, a)
+        b = tl.where(stop, 0.0, b)
+    if own is None:
+        o = tl.zeros((BLOCK_R,), tl.float64)
+    else:
+        o = tl.load(own[0] + rows * own[1], mask=rmask, other=0.0).to(tl.float64)
+    out = send.dtype.element_ty
+    r64 = rows.to(tl.int64)
+    tl.store(send + r64 * 3, a.to(out), mask=rmask)
+    tl.store(send + r64 * 3 + 1, b.to(out), mask=rmask)
+    tl.store(send + r64 * 3 + 2, o.to(out), mask=rmask)
+    if tl.program_id(0) == 0:
+        tl.store(send + 3 * R + tl.arange(0, 1), tl.full((1,), 1.0, tl.float64).to(out))
