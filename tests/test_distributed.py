@@ -274,6 +274,51 @@ def test_repeated_calls_run_the_chunk_plan(world):
     _spawn(_plan_worker, world)
 
 
+def _tail_worker(rank, world, group):
+    """The CPU's second pass reruns only the tail of the chunk that the carry reaches, where a
+    zero coefficient lies in it or the coefficients' product underflows, and the whole chunk
+    where neither (no done, gamma = lambda = 1), in both scan directions and for the two-state
+    scan: against the unsharded call."""
+    from rl_triton.core import sharded
+
+    steps = 3 * sharded.TAIL_STEPS
+    lo, hi = rank * steps, (rank + 1) * steps
+    lengths = []
+    one_call = sharded._one_call
+
+    def recorded(fn, kw, chunk):
+        lengths.append(next(x for x in kw.values() if isinstance(x, torch.Tensor)).shape[-1])
+        return one_call(fn, kw, chunk)
+    sharded._one_call = recorded
+    g = torch.Generator().manual_seed(5)
+    r, v = torch.randn(ROWS, world * steps, generator=g, dtype=F64), torch.randn(ROWS, world * steps, generator=g,
+                                                                                  dtype=F64)
+    done = torch.rand(ROWS, world * steps, generator=g) < 0.01
+    boot = torch.randn(ROWS, generator=g, dtype=F64)
+    mask = torch.rand(ROWS, world * steps, generator=g) < 0.9
+    cases = (("gae", (r, v), dict(done=done, bootstrap_value=boot), True),
+             ("gae", (r, v), dict(bootstrap_value=boot, gamma=1.0, lmbda=1.0), False),
+             ("gae", (r, v), dict(mask=mask, gamma=0.3, lmbda=0.9), True),  # 0.27**900 underflows to 0
+             ("eligibility_trace", (r,), dict(done=done, initial=boot), True),
+             ("eligibility_trace", (r,), dict(initial=boot, gamma=1.0, lmbda=1.0), False))
+    for backend in _backends()[:2]:
+        for fn, args, kwargs, cut in cases:
+            whole = _tuple(getattr(rl_triton, fn)(*args, **kwargs, backend=backend))
+            lengths.clear()
+            got = _tuple(_chunk_call(fn, args, kwargs, lo, hi, group, backend=backend))
+            what = f"{fn} {sorted(kwargs)} on {backend}, rank {rank}"
+            assert lengths == ([steps, sharded.TAIL_STEPS] if cut else [steps, sharded.TAIL_STEPS, steps]), \
+                (what, lengths)
+            for a, b in zip(got, whole):
+                _close(a, b[:, lo:hi], 1e-12, what)
+    sharded._one_call = one_call
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_cpu_second_pass_reruns_the_tail_the_carry_reaches(world):
+    _spawn(_tail_worker, world)
+
+
 def _bytes_worker(rank, world, group, sent):
     import torch.distributed as dist
 

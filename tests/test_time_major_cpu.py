@@ -139,3 +139,27 @@ def test_whiten_in_rows_of_memory_order(cpu_backend):
     x = torch.randn(7, 5000, 1, dtype=F64)
     ref = (x - x.mean()) / (x.std() + 1e-8)
     torch.testing.assert_close(rt.masked_whiten(x, eps_mode="std", backend=cpu_backend), ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+def test_a_chunk_of_a_split_sequence_takes_it_with_its_carry_and_edge_map(chosen, dtype):
+    """A sharded call's chunk (rl_triton/core/sharded.py) runs time-major GAE from a carry and
+    reports its edge map: the outputs and the map bit for bit those of the row-walking kernel on
+    the same chunk in batch-major memory."""
+    from rl_triton.core import sharded
+    from rl_triton.core.plans import Chunk
+
+    r, v, boot, done, _ = _rollout(40, 600, 1, dtype, seed=3)
+    r, v, done = r[..., 0], v[..., 0], done[..., 0]
+    carry = torch.randn(600, generator=torch.Generator().manual_seed(4), dtype=dtype)
+    results = []
+    for layout in (lambda x: x, lambda x: x.t().contiguous()):  # time-major [T, N], then batch-major [N, T]
+        edge = torch.zeros(600, 3, dtype=F64)
+        tdim = 0 if not results else -1
+        out = sharded._one_call(rt.gae, dict(rewards=layout(r), values=layout(v), done=layout(done),
+                                             bootstrap_value=boot[:, 0], gamma=0.99, lmbda=0.95, time_dim=tdim,
+                                             backend="cpu"), Chunk(carry, edge))
+        results.append((*(o if tdim == 0 else o.t() for o in out), edge))
+    assert chosen[0] == "gae_time_major" and "gae_time_major" not in chosen[1:]
+    for a, b in zip(*results):
+        assert torch.equal(a, b)

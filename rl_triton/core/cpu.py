@@ -267,12 +267,14 @@ TIME_MAJOR_BLOCK = 512
 TIME_MAJOR_MIN_ROWS = 64
 
 
-def gae_time_major(rewards, values, bootstrap_value, done, last_done, gamma, lmbda, done_mode, advantages,
-                   value_targets):
+def gae_time_major(rewards, values, bootstrap_value, done, last_done, carry, gamma, lmbda, done_mode, advantages,
+                   value_targets, edge):
     """``gae`` for wide, short time-major rollouts (rsl_rl's, skrl's and rl_games's ``[T, N, 1]``):
-    implied next values, number coefficients, no carry, the ``[R, T]`` arrays F-contiguous (rows
-    adjacent in memory). Time runs in the outer loop and a block of rows in the inner one, which
-    reads and writes contiguous runs and runs in vector lanes; threads take blocks of rows.
+    implied next values, number coefficients, the ``[R, T]`` arrays F-contiguous (rows adjacent
+    in memory). Time runs in the outer loop and a block of rows in the inner one, which reads and
+    writes contiguous runs and runs in vector lanes; threads take blocks of rows. ``carry`` and
+    the edge map serve a chunk of a sequence split across ranks (rl_triton/core/sharded.py); the
+    gain is kept only where ``edge`` has rows.
 
     Flags: with implied next values every done is a termination (a truncation needs next
     values), so one array serves: the dones (``done_mode`` DONE_ARRAY, or terminated alone), or
@@ -280,23 +282,32 @@ def gae_time_major(rewards, values, bootstrap_value, done, last_done, gamma, lmb
     at t = T-1). The arithmetic is ``gae``'s, and so are the results, bit for bit."""
     R, T = rewards.shape
     shift = 1 if done_mode == DONE_OBS_ALIGNED else 0
+    track = edge.shape[0] > 0
     for blk in prange((R + TIME_MAJOR_BLOCK - 1) // TIME_MAJOR_BLOCK):
         # unsigned row indices: numba adds no negative-index wraparound to them, which keeps the
         # inner loops in vector lanes
         lo = np.uint64(blk * TIME_MAJOR_BLOCK)
         width = min(TIME_MAJOR_BLOCK, R - blk * TIME_MAJOR_BLOCK)
         acc = np.empty(TIME_MAJOR_BLOCK)
+        gain = np.ones(TIME_MAJOR_BLOCK)
         t = np.uint64(T - 1)
         for j in range(width):
             i = lo + np.uint64(j)
             nd = _not(last_done[i]) if shift else _not(done[i, t])
             a, b = _c_gae(rewards[i, t], values[i, t], bootstrap_value[i], nd, nd, gamma, lmbda)
-            acc[j] = a
-            advantages[i, t] = a
-            value_targets[i, t] = a + values[i, t]
+            x = _c_step(a, b, carry[i] * 1.0)
+            acc[j] = x
+            gain[j] = _gain(1.0, b)
+            advantages[i, t] = x
+            value_targets[i, t] = x + values[i, t]
         for s in range(T - 1):
             t = np.uint64(T - 2 - s)
             f = t + np.uint64(shift)
+            if track:
+                for j in range(width):
+                    i = lo + np.uint64(j)
+                    gain[j] = _gain(gain[j], _c_gae(rewards[i, t], values[i, t], values[i, t + np.uint64(1)],
+                                                    _not(done[i, f]), _not(done[i, f]), gamma, lmbda)[1])
             for j in range(width):
                 i = lo + np.uint64(j)
                 nd = _not(done[i, f])
@@ -305,6 +316,9 @@ def gae_time_major(rewards, values, bootstrap_value, done, last_done, gamma, lmb
                 acc[j] = x
                 advantages[i, t] = x
                 value_targets[i, t] = x + values[i, t]
+        if track:
+            for j in range(width):
+                _edge(edge, lo + np.uint64(j), acc[j], gain[j])
 
 
 def masked_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, advantages, value_targets, edge):
@@ -600,7 +614,7 @@ def affine_scan(alpha, beta, carry, reverse, y, edge):
 # for SB3's and CleanRL's call are chosen in run()
 KERNELS = {name: globals()[name] for name in spec.ALGORITHMS}
 _EPISODE_STARTS_KINDS = ("f2", "f2", "u2", "f1", "u1", "s", "s")
-_TIME_MAJOR_KINDS = ("F2", "F2", "f1", "Fu2", "u1", "s", "s", "i")
+_TIME_MAJOR_KINDS = ("F2", "F2", "f1", "Fu2", "u1", "f1", "s", "s", "i")
 
 _compiled: dict = {}
 
@@ -776,10 +790,11 @@ def _episode_starts_call(args) -> bool:
             and not isinstance(args.lmbda, torch.Tensor))
 
 
-_TIME_MAJOR_ARGS = ("rewards", "values", "bootstrap_value", "done", "last_done", "gamma", "lmbda", "done_mode")
+_TIME_MAJOR_ARGS = ("rewards", "values", "bootstrap_value", "done", "last_done", "carry", "gamma", "lmbda",
+                    "done_mode")
 # terminated alone: the dones are the terminations
-_TIME_MAJOR_TERMINATED_ARGS = ("rewards", "values", "bootstrap_value", "terminated", "last_done", "gamma", "lmbda",
-                               "done_mode")
+_TIME_MAJOR_TERMINATED_ARGS = ("rewards", "values", "bootstrap_value", "terminated", "last_done", "carry", "gamma",
+                               "lmbda", "done_mode")
 
 
 def _f_rows(x, dtype) -> bool:
@@ -795,9 +810,9 @@ def _f_rows(x, dtype) -> bool:
 
 def _time_major_call(args, dtype, outs) -> bool:
     """Whether a GAE call is one that ``gae_time_major`` serves: implied next values (so every
-    done a termination), number coefficients, no carry, flags as dones, terminations alone or
-    episode starts, every array F-contiguous in its kernel form."""
-    if args.nv_mode != NV_IMPLIED or args.carry is not None or isinstance(args.gamma, torch.Tensor) \
+    done a termination), number coefficients, flags as dones, terminations alone or episode
+    starts, every array F-contiguous in its kernel form."""
+    if args.nv_mode != NV_IMPLIED or isinstance(args.gamma, torch.Tensor) \
             or isinstance(args.lmbda, torch.Tensor) or args.truncated is not None:
         return False
     flags = args.done if args.done is not None else args.terminated
@@ -837,9 +852,9 @@ class Launch:
         has_edge = 1  # every kernel but the episode-starts ones takes the edge argument
         out_kind = "o2"
         # (one step: [R, 1] arrays are C-contiguous too, which numba types as C)
-        if algo is spec.GAE and not edge and time_major and rows >= TIME_MAJOR_MIN_ROWS and steps > 1 \
+        if algo is spec.GAE and time_major and rows >= TIME_MAJOR_MIN_ROWS and steps > 1 \
                 and _time_major_call(args, dtype, outs):
-            fn, kinds, has_edge, out_kind = gae_time_major, _TIME_MAJOR_KINDS, 0, "oF2"
+            fn, kinds, out_kind = gae_time_major, _TIME_MAJOR_KINDS, "oF2"
             names = _TIME_MAJOR_ARGS if args.done is not None else _TIME_MAJOR_TERMINATED_ARGS
         elif algo is spec.GAE and not edge:
             if _episode_starts_call(args):

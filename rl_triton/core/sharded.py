@@ -9,7 +9,8 @@ ranks exchange maps, never steps (docs/distributed.md):
 1. **Boundary inputs** that a chunk's last step reads from the next one (reverse scans): V(s_t1)
    of the implied next-value form, the next episode start of observation-aligned flags, the
    padded mask's next value. Where a call has any, one all-gather of them per row; each chunk
-   runs with them as its window-end inputs (``bootstrap_value``, ``last_done``).
+   runs with them as its window-end inputs (``bootstrap_value``, ``last_done``). GAE with implied
+   next values hands on ``V + lambda*A`` instead, which needs none (:func:`_handed_lambda`).
 2. **The chunk's map.** The local call with carry 0 reports, per row, the value it hands to the
    chunk before it and how that moves with its carry (rl_triton/core/spec.py, edge maps; Triton
    computes only the map, the numba and torch paths the outputs too). The chunk at the end of
@@ -23,6 +24,9 @@ window's start and need no boundary inputs. Every collective moves O(rows) numbe
 is, and none synchronises with the host. Packed sequences (``cu_seqlens``, global offsets)
 exchange one row per rank, the sequence crossing its chunk boundary (:func:`_run_packed`),
 after reading the offsets and every rank's token count on the host.
+
+A repeated call without boundary inputs on Triton runs as a :class:`ChunkPlan`: four device
+operations, the same exchange.
 """
 
 from __future__ import annotations
@@ -211,8 +215,8 @@ def run(fn, kw: dict):
             carry = carry[1]
         if lam is not None:
             carry = carry / lam
-        # into the first pass's outputs (already allocated) unless the caller gave some
-        result = _one_call(fn, {**local_kw, "out": result if out is None else out}, Chunk(carry, None, kernel_args))
+        result = _second_pass(fn, local_kw, result, out, Chunk(carry, None, kernel_args), tdim, reverse, two_state,
+                              ref, launch.resolve_backend(kw.get("backend"), device))
     else:
         result = fn(**kw, out=out)  # the function's own empty outputs
     return _whitened(result, kw, whiten, group)
@@ -323,6 +327,43 @@ class ChunkPlan:
         gather(chunk.gathered, chunk.send, group=group)
         chunk.scan(ptrs, tensors)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+TAIL_STEPS = 1024  # the CPU's second pass first tries max(TAIL_STEPS, T/TAIL_FRACTION) steps
+TAIL_FRACTION = 16
+
+
+def _second_pass(fn, kw, first, out, chunk, tdim, reverse, two_state, ref, backend):
+    """The chunk's outputs from its carry (``chunk``), into ``out`` or the first pass's outputs
+    ``first``. Where the first pass wrote its outputs (numba and torch, CPU tensors), only the
+    steps that the carry reaches are run again: the tail that ends where the scan starts (its
+    last ``L`` steps for reverse scans, first for forward), when its map's gain from the carry is
+    0 on every row (a zero coefficient, a done, lies in it, or the product of coefficients
+    underflows); then the outputs before it are the first pass's as they stand. Otherwise, and on
+    Triton (whose first pass computes the map alone), the whole chunk again."""
+    steps = ref.shape[tdim]
+    tail = max(TAIL_STEPS, steps // TAIL_FRACTION)
+    outs = first if isinstance(first, tuple) else (first,)
+    if out is not None:
+        given = out if isinstance(out, (tuple, list)) else (out,)
+        outs = tuple(o.copy_(f) for o, f in zip(given, outs)) if backend != "triton" else tuple(given)
+    if backend != "triton" and ref.device.type == "cpu" and tail < steps and all(
+            not isinstance(x, torch.Tensor) or name in PER_SEQUENCE or x.ndim == ref.ndim for name, x in kw.items()):
+        lo = steps - tail if reverse else 0
+
+        def cut(name, x):
+            if isinstance(x, torch.Tensor) and name not in PER_SEQUENCE and x.shape[tdim] == steps:
+                return x.narrow(tdim, lo, tail)
+            return x
+        width = 5 if two_state else 2
+        edge = torch.zeros(outs[0].numel() // steps, width + 1, dtype=torch.float64)
+        views = tuple(o.narrow(tdim, lo, tail) for o in outs)
+        _one_call(fn, {**{k: cut(k, x) for k, x in kw.items()}, "out": views if len(views) > 1 else views[0]},
+                  chunk._replace(edge=edge))
+        gains = edge[:, [1, 3, 4]] if two_state else edge[:, 1]
+        if not (gains != 0).any():
+            return outs if len(outs) > 1 else outs[0]
+    return _one_call(fn, {**kw, "out": outs if len(outs) > 1 else outs[0]}, chunk)
 
 
 def _handed_lambda(fn, kw):
