@@ -215,8 +215,8 @@ def test_calls_that_cannot_be_keyed_take_the_full_path(executions):
 def fake_triton(monkeypatch):
     """Compiled Triton kernels without a GPU: dispatch records its arguments and returns a
     stand-in compiled kernel whose launches record theirs; CPU tensors pass for CUDA ones.
-    Yields the two records (dispatch: arguments, workspace, runtime sizes, constexprs, index
-    type; launches: the arguments after the launcher's nine leading ones)."""
+    Yields the two records (dispatch: arguments, workspace, fold, runtime sizes, constexprs,
+    index type; launches: the arguments after the launcher's nine leading ones)."""
     pytest.importorskip("triton")
     from rl_triton.core import kernels, launch
 
@@ -228,8 +228,8 @@ def fake_triton(monkeypatch):
         def run(self, *args):
             launched.append(args[9:])
 
-    def dispatch(config, args, ws, runtime, phase, idx):
-        dispatched.append((args, ws, runtime, config.constexprs[phase], idx))
+    def dispatch(config, args, ws, runtime, phase, idx, fold=None):
+        dispatched.append((args, ws, fold, runtime, config.constexprs[phase], idx))
         return Compiled()
 
     monkeypatch.setattr(kernels, "_dispatch", dispatch)
@@ -264,8 +264,68 @@ def test_direct_launch_passes_what_dispatch_passes(fake_triton):
             return tuple(as_pointers(y) for y in x)
         return x.data_ptr() if isinstance(x, torch.Tensor) else x
 
-    (ins, outs_), ws, runtime, constexprs, idx = dispatched[0]
-    assert launched[0] == (as_pointers(ins), as_pointers(outs_), ws.data_ptr(), *runtime, *constexprs, idx)
+    (ins, outs_), ws, fold, runtime, constexprs, idx = dispatched[0]
+    assert fold is None
+    assert launched[0] == (as_pointers(ins), as_pointers(outs_), ws.data_ptr(), None, *runtime, *constexprs, idx)
+
+
+def test_a_chunk_launch_from_pointers_passes_what_dispatch_passes(fake_triton, monkeypatch):
+    """A sharded call's chunk from data pointers (kernels.ChunkLaunch: phase 1, hand_kernel, then
+    phase 2 with the engine's fold of every rank's maps) gives the compiled kernels the arguments
+    Triton's dispatch got, each tensor replaced by its data pointer, in the same order. Checked
+    without a GPU: stand-in compiled kernels record both."""
+    from rl_triton.core import kernels, spec
+
+    dispatched, launched = fake_triton
+    handed = []
+
+    class Compiled:
+        function = packed_metadata = object()
+
+        def run(self, *args):
+            launched.append(args[9:])
+
+    class Hand:
+        def __getitem__(self, grid):
+            def launch(*args, **constexprs):
+                handed.append((args, tuple(v for k, v in constexprs.items() if k != "num_warps")))
+                return Compiled()
+            return launch
+    monkeypatch.setattr(kernels, "hand_kernel", Hand())
+    R, T = 3, 20000  # two segments or more
+    g = torch.Generator().manual_seed(0)
+    r, v, boot = torch.randn(R, T, generator=g), torch.randn(T, R, generator=g).t(), torch.randn(R, generator=g)
+    d = torch.rand(R, T, generator=g) < 0.1
+    args = spec.GAE.bind(rewards=r, values=v, carry=boot, done=d, gamma=0.9, lmbda=0.8)
+    outs = [torch.empty(R, T), torch.empty(R, T)]
+    launch = kernels.Launch(spec.GAE, args, outs)
+    assert launch.config.n_seg > 1
+    scale, divisor = torch.tensor([0.8], dtype=torch.float64), torch.tensor([0.8])
+    hand = {"own": spec.GAE.names.index("carry"), "offset": spec.GAE.names.index("values")}
+    chunk = kernels.ChunkLaunch(launch, 3, 1, torch.float32, hand, scale, divisor)
+    tensors = launch._tensors(args, outs)
+    ptrs = [t.data_ptr() for t in tensors]
+    assert not chunk.ready(ptrs)
+    chunk.reduce(ptrs, tensors)
+    chunk.scan(ptrs, tensors)
+    assert len(dispatched) == 2 and len(handed) == 1 and not launched
+    assert chunk.ready(ptrs)
+    chunk.reduce(ptrs)
+    chunk.scan(ptrs)
+
+    def as_pointers(x):
+        if isinstance(x, tuple):
+            return tuple(as_pointers(y) for y in x)
+        return x.data_ptr() if isinstance(x, torch.Tensor) else x
+
+    for got, ((ins, outs_), ws, fold, runtime, constexprs, idx) in zip((launched[0], launched[2]), dispatched):
+        assert got == (as_pointers(ins), as_pointers(outs_), ws.data_ptr(), as_pointers(fold), *runtime, *constexprs,
+                       idx)
+    assert dispatched[0][2] is None and dispatched[1][2] == (chunk.gathered, 3, 1, divisor)
+    hand_args, hand_constexprs = handed[0]
+    assert launched[1] == (*as_pointers(hand_args), *hand_constexprs)
+    assert hand_args[2][0] is boot and hand_args[2][1] == 1  # own: the carry slot's view
+    assert hand_args[3][0].data_ptr() == v.data_ptr() and hand_args[3][1] == 1  # offset: values at the first step
 
 
 @pytest.mark.parametrize("shape", [(5, 40), (2, 20000)])  # one pass; a time split (two phases, a workspace)
@@ -288,17 +348,17 @@ def test_generated_hit_passes_what_dispatch_passes(shape, fake_triton):
 
     call()  # the full path: Triton's dispatch
     phases = len(dispatched)
-    (ins, outs_), _, runtime, _, idx = dispatched[0]
+    (ins, outs_), _, _, runtime, _, idx = dispatched[0]
     plan = _plans()[0]
     for path in ("direct", "generated"):
         assert (plan.hit is not None) == (path == "generated")
         adv, tgt = call()
         assert len(launched) == phases * (1 if path == "direct" else 2)
-        for got, (_, _, _, constexprs, _) in zip(launched[-phases:], dispatched):
+        for got, (_, _, _, _, constexprs, _) in zip(launched[-phases:], dispatched):
             assert got[0] == as_pointers(ins)
             assert got[1] == tuple((o.data_ptr(), *t[1:]) for o, t in zip((adv, tgt), outs_))
             assert got[2] == r.data_ptr() if phases == 1 else got[2] != r.data_ptr()  # a workspace of its own
-            assert got[3:] == (*runtime, *constexprs, idx)
+            assert got[3] is None and got[4:] == (*runtime, *constexprs, idx)
     assert len(dispatched) == phases
     offset = torch.randn(R * T + 1)[1:].view(R, T)  # 4 bytes past an aligned address
     call(offset)
