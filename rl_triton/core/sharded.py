@@ -172,7 +172,7 @@ def run(fn, kw: dict):
             if result is not None:
                 return _whitened(result, kw, whiten, group)
     local_kw = dict(kw)
-    if lam is not None:  # GAE hands on V + lambda*A (handed_value below): no boundary inputs
+    if lam is not None:  # GAE hands on V + lambda*A (_handed_lambda): no boundary inputs
         local_kw["bootstrap_value"] = None
     # 1. boundary inputs: every rank's first step, and whether it has one
     mine = rule.boundary(kw, at(0)) if rule.boundary is not None and reverse and lam is None else {}
