@@ -123,10 +123,18 @@ def run(fn, kw: dict):
     arguments by name, with ``group``."""
     kw = dict(kw)
     group = kw.pop("group")
+    packed = kw.get("cu_seqlens") is not None or kw.get("max_seqlen") is not None
+    key = None if packed else _plan_key(fn, kw, group)
+    plan = _PLANS.get(key) if key is not None and not launch.plan_forced() else None
+    if plan is not None and plan is not _NO_PLAN:
+        # the signature's first call checked the group and the inputs (no gradients wanted)
+        result = plan.execute(kw, group)
+        if result is not None:
+            return _whitened(result, kw, kw.get("whiten", False), group)
     rule = RULES[fn.__name__]
     check_group(group, *kw.values(), what="the carries of other ranks", name="the inputs")
     whiten = kw.get("whiten", False)
-    if kw.get("cu_seqlens") is not None or kw.get("max_seqlen") is not None:
+    if packed:
         return _run_packed(fn, kw, rule, group)
     if whiten is not False:
         kw["whiten"] = False
@@ -158,17 +166,14 @@ def run(fn, kw: dict):
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     lam = _handed_lambda(fn, kw)
-    key = _plan_key(fn, kw, out, group, world, rank) if steps else None
-    if key is not None:
-        plan = _PLANS.get(key)
-        if plan is None or launch.plan_forced():
-            plan = ChunkPlan.build(fn, kw, out, rule, reverse, lam, two_state, at, group, world, rank, device)
-            if not launch.plan_forced():
-                while len(_PLANS) >= MAX_PLANS:
-                    _PLANS.pop(next(iter(_PLANS)))
-                _PLANS[key] = plan
+    if key is not None and steps and (plan is None or launch.plan_forced()):
+        plan = ChunkPlan.build(fn, kw, out, rule, reverse, lam, two_state, at, group, world, rank, device)
+        if not launch.plan_forced():
+            while len(_PLANS) >= MAX_PLANS:
+                _PLANS.pop(next(iter(_PLANS)))
+            _PLANS[key] = plan
         if plan is not _NO_PLAN:
-            result = plan.execute(kw, out, group)
+            result = plan.execute({**kw, "out": out}, group)
             if result is not None:
                 return _whitened(result, kw, whiten, group)
     local_kw = dict(kw)
@@ -227,11 +232,13 @@ MAX_PLANS = 64
 _NO_PLAN = object()
 
 
-def _plan_key(fn, kw, out, group, world, rank):
-    """A sharded call's signature (plans.cached's, with the group, world and rank), or None."""
+def _plan_key(fn, kw, group):
+    """A sharded call's signature (plans.cached's, with the group: a group's world and ranks are
+    fixed, and its plan holds it, so that its id stays its own), or None. ``whiten`` is applied
+    after the plan's launches and is no part of it."""
     try:
-        return (fn, id(group), world, rank, inputs.env_state(), plans.fingerprint(out),
-                *[(name, plans.fingerprint(x)) for name, x in kw.items()])
+        return (fn, id(group), torch.is_grad_enabled(), inputs.env_state(),
+                *[(name, plans.fingerprint(x)) for name, x in kw.items() if name != "whiten"])
     except (plans.Unkeyable, RuntimeError):
         return None
 
@@ -301,18 +308,18 @@ class ChunkPlan:
         from . import kernels
 
         self = cls()
+        self.group = group  # kept alive: the key holds its id
         self.plan = record.plan
         compute = torch.float64 if record.plan.launch.ws_dtype == torch.float64 else torch.float32
         self.chunk = kernels.ChunkLaunch(record.plan.launch, world, rank, compute, hand, scale, divisor)
         return self
 
-    def execute(self, kw, out, group):
-        """This call's outputs, or None where it needs the general path."""
+    def execute(self, values, group):
+        """This call's outputs (``values``: its arguments by name, ``out`` among them), or None
+        where it needs the general path."""
         import torch.distributed as dist
 
-        kw["out"] = out
-        prepared = self.plan.prepare(kw)
-        del kw["out"]
+        prepared = self.plan.prepare(values)
         if prepared is None:
             return None
         sources, outs, views = prepared
