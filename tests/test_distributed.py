@@ -251,6 +251,21 @@ def _plan_worker(rank, world, group):
                 assert served == ([True] if hi > lo else []), (what, served)
                 for g, w in zip(_tuple(got), _tuple(whole)):
                     _close(g, w[:, lo:hi], tol, what)
+    # GAE skipping masked steps: the two-state maps (7 numbers a row), whitened over every rank
+    g = torch.Generator().manual_seed(11)
+    for dtype, tol in ((F64, 1e-12), (F32, 1e-5)):
+        for call in range(3):
+            r, v = (torch.randn(ROWS, bounds[-1], generator=g, dtype=F64).to(dtype) for _ in range(2))
+            mask = _masks((ROWS, bounds[-1]), call, bounds)
+            boot = torch.randn(ROWS, generator=g, dtype=F64).to(dtype)
+            for kw in (dict(mask=mask), dict(mask=mask, bootstrap_value=boot, whiten=True)):
+                whole = rl_triton.gae(r, v, backend="triton", **kw)
+                served.clear()
+                got = _chunk_call("gae", (r, v), kw, lo, hi, group, backend="triton")
+                what = f"masked gae {sorted(kw)} {dtype} call {call}, rank {rank}"
+                assert served == ([True] if hi > lo else []), (what, served)
+                for a, b in zip(got, whole):
+                    _close(a, b[:, lo:hi], tol, what)
     # out= (the caller's tensors written), and a repeated call of the first signature again
     g = torch.Generator().manual_seed(7)
     r, v = torch.randn(ROWS, bounds[-1], generator=g, dtype=F64), torch.randn(ROWS, bounds[-1], generator=g,
@@ -475,7 +490,8 @@ def _nccl_rank(rank, world, port, worker):
 def _cuda_plan_worker(rank, world, group):
     """On CUDA with NCCL: a repeated sharded GAE call is four device operations (phase 1, the
     handed map, the all-gather, phase 2), and it replays from a CUDA graph, its collective
-    included, with new values in its input tensors."""
+    included, with new values in its input tensors; GAE skipping masked tokens too is four
+    (in a world of one, against the unsharded call)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -520,6 +536,31 @@ def _cuda_plan_worker(rank, world, group):
         graph.replay()
         for got, want in zip(captured, whole()):
             _close(got.cpu(), want.cpu(), 1e-4, f"graph replay {seed}")
+    if world > 1:
+        return
+    # the other plans (a world of one: the chunk is the window), forward scans included
+    x = r.t().contiguous()
+    dd = d.t().contiguous()
+    for fn, kw in (("eligibility_trace", dict(done=dd, initial=boot)), ("td_lambda_return", dict(done=dd)),
+                   ("affine_scan", dict(reverse=False)), ("discounted_return", dict(done=dd, bootstrap_value=boot))):
+        args = {"td_lambda_return": (x, x), "affine_scan": (x, torch.sigmoid(x))}.get(fn, (x,))
+        for _ in range(2):
+            got = getattr(rl_triton, fn)(*args, **kw, group=group)
+        _close(got.cpu(), getattr(rl_triton, fn)(*args, **kw).cpu(), 1e-4, f"sharded {fn} on CUDA")
+    # GAE skipping masked tokens (the two-state maps): batch-major [B, T] responses
+    m = torch.rand(B, steps, device="cuda", generator=g) < 0.8
+    rb, vb = r.t().contiguous(), v.t().contiguous()
+    for _ in range(2):
+        got = rl_triton.gae(rb, vb, mask=m, bootstrap_value=boot, group=group)
+    want = rl_triton.gae(rb, vb, mask=m, bootstrap_value=boot)  # a world of one: the chunk is the window
+    for a, b in zip(got, want):
+        _close(a.cpu(), b.cpu(), 1e-4, "sharded masked gae on CUDA")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        rl_triton.gae(rb, vb, mask=m, bootstrap_value=boot, group=group)
+        torch.cuda.synchronize()
+    ops = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+    assert len(ops) <= 4, ops
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not torch.distributed.is_nccl_available(),

@@ -325,7 +325,8 @@ def test_a_chunk_launch_from_pointers_passes_what_dispatch_passes(fake_triton, m
     hand_args, hand_constexprs = handed[0]
     assert launched[1] == (*as_pointers(hand_args), *hand_constexprs)
     assert hand_args[2][0] is boot and hand_args[2][1] == 1  # own: the carry slot's view
-    assert hand_args[3][0].data_ptr() == v.data_ptr() and hand_args[3][1] == 1  # offset: values at the first step
+    assert hand_args[3] is None  # own_x: a two-state scan's
+    assert hand_args[4][0].data_ptr() == v.data_ptr() and hand_args[4][1] == 1  # offset: values at the first step
 
 
 @pytest.mark.parametrize("shape", [(5, 40), (2, 20000)])  # one pass; a time split (two phases, a workspace)

@@ -271,10 +271,9 @@ class ChunkPlan:
     @classmethod
     def build(cls, fn, kw, out, rule, reverse, lam, two_state, at, group, world, rank, device):
         """The plan of this call's signature, or _NO_PLAN where the call has none: another backend
-        than Triton, boundary inputs to exchange, a two-state scan, Retrace's handed value, or
-        views the one-GPU plan cannot locate."""
-        if launch.resolve_backend(kw.get("backend"), device) != "triton" or two_state \
-                or rule.hands not in (None, _trace_hands):
+        than Triton, boundary inputs to exchange, Retrace's handed value, or views the one-GPU
+        plan cannot locate."""
+        if launch.resolve_backend(kw.get("backend"), device) != "triton" or rule.hands not in (None, _trace_hands):
             return _NO_PLAN
         if lam is None and rule.boundary is not None and reverse and rule.boundary(kw, at(0)):
             return _NO_PLAN
@@ -296,6 +295,8 @@ class ChunkPlan:
         hand = {}
         if isinstance(args.carry, torch.Tensor):
             hand["own"] = algo.names.index("carry")
+        if two_state and isinstance(args.bootstrap_value, torch.Tensor):
+            hand["own_x"] = algo.names.index("bootstrap_value")  # the first state's own carry
         scale = divisor = None
         if lam is not None:
             hand["offset"] = algo.names.index("values")

@@ -275,6 +275,7 @@ class Launch:
         # per tensor position: what follows its data pointer in the engine's argument
         self.tails = tuple((slot, (0, 0) if slot in self.constants else templates[slot]) for slot in self.tensor_slots)
         self.device_index = device.index if device.type == "cuda" else None
+        self.pair = algo.pair
 
     def _key(self, aligned):
         keys = list(self.keys)
@@ -433,13 +434,15 @@ class Launch:
 class ChunkLaunch:
     """One rank's chunk of a sequence split across ranks (rl_triton/core/sharded.py) on the
     Triton backend, for one call signature: the engine's phase 1 writes the segments' maps,
-    ``hand_kernel`` folds them into the map the rank sends (``send``, ``3R + 1`` numbers), and
+    ``hand_kernel`` folds them into the map the rank sends (``send``, ``3R + 1`` numbers, ``7R + 1``
+    for a two-state scan), and
     after the all-gather into ``gathered`` the engine's phase 2 folds every rank's maps into its
     carry (``fold``) and scans the chunk. Built on the chunk's :class:`Launch` (its plan, its
     arguments with the chunk's own carry in the carry slot); ``hand``: kernel argument
-    positions of the per-row views the handed map reads (``own``: the carry, ``offset``: an input
-    at the chunk's first step, ``cut``: a flag at its last step) and ``scale`` (a one-element
-    tensor, or None); ``divisor``: the same for the received carry.
+    positions of the per-row views the handed map reads (``own``: the carry, ``own_x``: a
+    two-state scan's first-state carry, ``offset``: an input at the chunk's first step, ``cut``: a
+    flag at its last step) and ``scale`` (a one-element
+    tensor, or None); ``divisor``: the same for the received carry (None: 1).
 
     The first launches of a pointer alignment go through Triton's dispatch with tensors
     (``reduce``/``scan`` with ``tensors``); later ones call the compiled kernels from data
@@ -452,13 +455,16 @@ class ChunkLaunch:
         R, T = launch.runtime[:2]
         self.R, self.T = R, T
         device = launch.device
-        self.ws = torch.empty(max(1, R * config.n_seg * 2), dtype=launch.ws_dtype, device=device)
-        self.send = torch.empty(3 * R + 1, dtype=compute, device=device)
-        self.gathered = torch.empty(world * (3 * R + 1), dtype=compute, device=device)
+        width = 7 if launch.pair else 3  # numbers a row sends (sharded.py)
+        self.ws = torch.empty(max(1, R * config.n_seg * (5 if launch.pair else 2)), dtype=launch.ws_dtype,
+                              device=device)
+        self.send = torch.empty(width * R + 1, dtype=compute, device=device)
+        self.gathered = torch.empty(world * (width * R + 1), dtype=compute, device=device)
+        if divisor is None:
+            divisor = torch.ones(1, dtype=launch.ws_dtype, device=device)
         self.scale, self.divisor = scale, divisor
         self.fold = (self.gathered, world, rank, divisor)
-        self.fold_direct = (self.gathered.data_ptr(), world, rank) + (
-            (None,) if divisor is None else (divisor.data_ptr(),))
+        self.fold_direct = (self.gathered.data_ptr(), world, rank, divisor.data_ptr())
         slot_of = {pos: i for i, pos in enumerate(launch.tensor_slots)}
         # per view of the handed map: (index into the pointers, byte offset, row stride)
         self.views = {}
@@ -468,7 +474,7 @@ class ChunkLaunch:
             step = 0 if name != "cut" else (T - 1) * strides[1] * size
             self.views[name] = (slot_of[pos], step, strides[0])
         self.hand_grid = (_cdiv(R, 32),)
-        self.hand_constexprs = (32, _pow2(config.n_seg))
+        self.hand_constexprs = (launch.pair, 32, _pow2(config.n_seg))
         self.compiled: dict = {}  # pointer alignment -> (phase 1, hand, phase 2)
         self.last_aligned = None
 
@@ -481,7 +487,7 @@ class ChunkLaunch:
 
     def _hand_views(self, values, tensors):
         out = {}
-        for name in ("own", "offset", "cut"):
+        for name in ("own", "own_x", "offset", "cut"):
             if name not in self.views:
                 out[name] = None
                 continue
@@ -501,16 +507,17 @@ class ChunkLaunch:
             views = self._hand_views(ptrs, None)
             launch._run_compiled(ptrs, [(1, k1)], self.ws.data_ptr())
             kh.run(self.hand_grid[0], 1, 1, _stream_getter()(launch.device_index), kh.function, kh.packed_metadata,
-                   None, None, None, self.ws.data_ptr(), self.send.data_ptr(), views["own"], views["offset"],
-                   views["cut"], None if self.scale is None else self.scale.data_ptr(), self.R, config.n_seg,
-                   *self.hand_constexprs)
+                   None, None, None, self.ws.data_ptr(), self.send.data_ptr(), views["own"], views["own_x"],
+                   views["offset"], views["cut"], None if self.scale is None else self.scale.data_ptr(), self.R,
+                   config.n_seg, *self.hand_constexprs)
             return
         with launch._on_device():
             k1 = _dispatch(config, launch._with_tensors(tensors), self.ws, launch.runtime, 1, launch.idx)
             views = self._hand_views(None, tensors)
-            kh = hand_kernel[self.hand_grid](self.ws, self.send, views["own"], views["offset"], views["cut"],
-                                             self.scale, self.R, config.n_seg, BLOCK_R=self.hand_constexprs[0],
-                                             SEG_BLOCK=self.hand_constexprs[1], num_warps=1)
+            kh = hand_kernel[self.hand_grid](self.ws, self.send, views["own"], views["own_x"], views["offset"],
+                                             views["cut"], self.scale, self.R, config.n_seg,
+                                             PAIR=self.hand_constexprs[0], BLOCK_R=self.hand_constexprs[1],
+                                             SEG_BLOCK=self.hand_constexprs[2], num_warps=1)
         self._pending = (k1, kh)
 
     def scan(self, ptrs, tensors=None) -> None:

@@ -33,12 +33,13 @@ Phases: 0 = one pass per row; with the time axis split into segments, 1 = each p
 reduces its segment to the affine map y_out = A + B*y_in (written to ``ws``), 2 = each program
 folds the maps of the segments before it into its incoming carry and scans for real.
 
-``fold`` (phases 0 and 2, one-value scans; None otherwise) makes the carry the one this
-chunk receives within a sequence split across ranks (rl_triton/core/sharded.py): ``(maps, world,
-rank, divisor)``, ``maps`` every rank's handed map in rank order (``3R + 1`` numbers a rank: per
-row the value handed on from carry 0, its gain and the rank's own carry, then whether the rank
-holds steps), folded from the ranks beyond this one in scan order (:func:`_fold_ranks`), then
-divided by ``divisor`` (a one-element tensor, or None).
+``fold`` (phases 0 and 2; None otherwise) makes the carry the one this chunk receives within a
+sequence split across ranks (rl_triton/core/sharded.py): ``(maps, world, rank, divisor)``,
+``maps`` every rank's handed map in rank order (``3R + 1`` numbers a rank: per row the value
+handed on from carry 0, its gain and the rank's own carry, then whether the rank holds steps;
+``7R + 1`` for ``PAIR``, :func:`_fold_pairs`), folded from the ranks beyond this one in scan
+order (:func:`_fold_ranks`), then divided by ``divisor`` (a one-element tensor; a tuple argument
+holds no None in compiled kernels).
 
 ``PAIR`` algorithms scan a state of two values (phase 0, or phase 1 over one segment, whose
 map ``(a1, b1, a2, b2, c)`` goes to ``ws``): a first value that follows its
@@ -203,10 +204,39 @@ def _fold_ranks(fold, rows, rmask, own, R, REVERSE: tl.constexpr, ACC: tl.conste
         o = tl.load(base + rows * 3 + 2, mask=rmask, other=0.0).to(ACC)
         c = tl.where(present != 0, _step(h, g, tl.where(seen != 0, c, o)), c)
         seen = tl.maximum(seen, present)
-    c = tl.where(seen != 0, c, own)
-    if fold[3] is not None:
-        c = c / tl.load(fold[3]).to(ACC)
-    return c
+    return tl.where(seen != 0, c, own) / tl.load(fold[3]).to(ACC)
+
+
+@triton.jit
+def _fold_pairs(fold, rows, rmask, own_x, own_y, R, REVERSE: tl.constexpr, ACC: tl.constexpr):
+    """:func:`_fold_ranks` for two-state maps: ``7R + 1`` numbers a rank, per row the map
+    ``(a1, b1, a2, b2, c)`` from carry 0 and the rank's own carries ``y``, ``x``; returns the
+    carries ``(x, y)`` this chunk receives."""
+    maps = fold[0]
+    world = fold[1]
+    rank = fold[2]
+    n = world - 1 - rank if REVERSE else rank
+    x = tl.zeros((rows.shape[0],), ACC)
+    y = tl.zeros((rows.shape[0],), ACC)
+    seen = tl.zeros((rows.shape[0],), tl.int32)  # a rank holding steps was met
+    for i in range(n):
+        if REVERSE:
+            j = world - 1 - i
+        else:
+            j = i
+        base = maps + j * (7 * R + 1)
+        present = (tl.load(base + 7 * R) != 0).to(tl.int32)
+        a1 = tl.load(base + rows * 7, mask=rmask, other=0.0).to(ACC)
+        b1 = tl.load(base + rows * 7 + 1, mask=rmask, other=0.0).to(ACC)
+        a2 = tl.load(base + rows * 7 + 2, mask=rmask, other=0.0).to(ACC)
+        b2 = tl.load(base + rows * 7 + 3, mask=rmask, other=0.0).to(ACC)
+        c1 = tl.load(base + rows * 7 + 4, mask=rmask, other=0.0).to(ACC)
+        sy = tl.where(seen != 0, y, tl.load(base + rows * 7 + 5, mask=rmask, other=0.0).to(ACC))
+        sx = tl.where(seen != 0, x, tl.load(base + rows * 7 + 6, mask=rmask, other=0.0).to(ACC))
+        y = tl.where(present != 0, _step(a2, b2, sy) + tl.where(c1 == 0, 0.0, c1 * sx), y)
+        x = tl.where(present != 0, _step(a1, b1, sx), x)
+        seen = tl.maximum(seen, present)
+    return tl.where(seen != 0, x, own_x), tl.where(seen != 0, y, own_y)
 
 
 @triton.jit
@@ -248,6 +278,8 @@ def scan_kernel(ins, outs, ws, fold, R, T, seg_chunks, n_seg,
         mc1 = ma1
     elif PAIR:
         cx, ca = INIT(ins, rows, rmask, T, ACC)
+        if fold is not None:
+            cx, ca = _fold_pairs(fold, rows, rmask, cx, ca, R, REVERSE, ACC)
     elif PHASE == 1:
         ca = tl.zeros((BLOCK_R,), ACC)
         cb = tl.zeros((BLOCK_R,), ACC) + 1.0
@@ -388,31 +420,47 @@ def edge_kernel(ws, edge, carry, bootstrap, R, n_seg, PAIR: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def hand_kernel(ws, send, own, offset, cut, scale, R, n_seg, BLOCK_R: tl.constexpr, SEG_BLOCK: tl.constexpr):
-    """A chunk's handed map into ``send`` (``3R + 1`` numbers; rl_triton/core/sharded.py): per
-    row, from the segments' maps phase 1 left in ``ws`` folded in scan order (``a + b*carry``),
-    ``h = offset + scale*a`` and ``g = b``, both 0 where ``cut``, then the row's own carry; last,
-    1 (this rank holds steps). ``own``, ``offset``, ``cut``: ``(pointer, row stride)`` per-row
-    views or None (0, 0, never); ``scale``: a one-element tensor or None (1)."""
+def hand_kernel(ws, send, own, own_x, offset, cut, scale, R, n_seg, PAIR: tl.constexpr, BLOCK_R: tl.constexpr,
+                SEG_BLOCK: tl.constexpr):
+    """A chunk's handed map into ``send`` (rl_triton/core/sharded.py): per row, from the
+    segments' maps phase 1 left in ``ws`` folded in scan order (``a + b*carry``), ``h = offset +
+    scale*a`` and ``g = b``, both 0 where ``cut``, then the row's own carry (``3R + 1`` numbers);
+    for two-state maps (``PAIR``, one segment) ``(a1, b1, a2, b2, c)``, the own carry ``y`` and
+    the own first state ``own_x`` (``7R + 1``); last, 1 (this rank holds steps). ``own``,
+    ``own_x``, ``offset``, ``cut``: ``(pointer, row stride)`` per-row views or None (0, 0, 0,
+    never); ``scale``: a one-element tensor or None (1)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
-    a, b = _segments(ws, rows, rmask, n_seg, n_seg, tl.float64, SEG_BLOCK)
-    if scale is not None:
-        a = a * tl.load(scale).to(tl.float64)
-    if offset is not None:
-        a = tl.load(offset[0] + rows * offset[1], mask=rmask, other=0.0).to(tl.float64) + a
-    if cut is not None:
-        stop = tl.load(cut[0] + rows * cut[1], mask=rmask, other=0) != 0
-        a = tl.where(stop, 0.0, a)
-        b = tl.where(stop, 0.0, b)
+    r64 = rows.to(tl.int64)
+    out = send.dtype.element_ty
     if own is None:
         o = tl.zeros((BLOCK_R,), tl.float64)
     else:
         o = tl.load(own[0] + rows * own[1], mask=rmask, other=0.0).to(tl.float64)
-    out = send.dtype.element_ty
-    r64 = rows.to(tl.int64)
-    tl.store(send + r64 * 3, a.to(out), mask=rmask)
-    tl.store(send + r64 * 3 + 1, b.to(out), mask=rmask)
-    tl.store(send + r64 * 3 + 2, o.to(out), mask=rmask)
-    if tl.program_id(0) == 0:
-        tl.store(send + 3 * R + tl.arange(0, 1), tl.full((1,), 1.0, tl.float64).to(out))
+    if PAIR:
+        for k in tl.static_range(5):
+            m = tl.load(ws + r64 * 5 + k, mask=rmask, other=0.0)
+            tl.store(send + r64 * 7 + k, m.to(out), mask=rmask)
+        if own_x is None:
+            ox = tl.zeros((BLOCK_R,), tl.float64)
+        else:
+            ox = tl.load(own_x[0] + rows * own_x[1], mask=rmask, other=0.0).to(tl.float64)
+        tl.store(send + r64 * 7 + 5, o.to(out), mask=rmask)
+        tl.store(send + r64 * 7 + 6, ox.to(out), mask=rmask)
+        if tl.program_id(0) == 0:
+            tl.store(send + 7 * R + tl.arange(0, 1), tl.full((1,), 1.0, tl.float64).to(out))
+    else:
+        a, b = _segments(ws, rows, rmask, n_seg, n_seg, tl.float64, SEG_BLOCK)
+        if scale is not None:
+            a = a * tl.load(scale).to(tl.float64)
+        if offset is not None:
+            a = tl.load(offset[0] + rows * offset[1], mask=rmask, other=0.0).to(tl.float64) + a
+        if cut is not None:
+            stop = tl.load(cut[0] + rows * cut[1], mask=rmask, other=0) != 0
+            a = tl.where(stop, 0.0, a)
+            b = tl.where(stop, 0.0, b)
+        tl.store(send + r64 * 3, a.to(out), mask=rmask)
+        tl.store(send + r64 * 3 + 1, b.to(out), mask=rmask)
+        tl.store(send + r64 * 3 + 2, o.to(out), mask=rmask)
+        if tl.program_id(0) == 0:
+            tl.store(send + 3 * R + tl.arange(0, 1), tl.full((1,), 1.0, tl.float64).to(out))
