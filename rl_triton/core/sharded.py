@@ -264,7 +264,8 @@ class ChunkPlan:
     """A repeated sharded call of one signature on Triton, as four launches: the engine's phase 1
     over the chunk and ``hand_kernel`` into the map this rank sends (kernels.ChunkLaunch), one
     ``all_gather_into_tensor`` of every rank's map, and phase 2 folding them into its carry and
-    scanning the chunk (the protocol of :func:`run`: ``3R + 1`` numbers a rank). No host
+    scanning the chunk (the protocol of :func:`run`: ``3R + 1`` numbers a rank, ``7R + 1`` for
+    two-state maps). No host
     synchronisation; the call's tensors are found and checked as by its one-GPU plan
     (plans.Plan), the outputs made fresh or the caller's ``out``."""
 
