@@ -39,7 +39,7 @@ import torch
 from . import inputs, launch, plans
 from .packed import PER_SEQUENCE
 from .plans import CHUNK, Chunk
-from .whiten import check_group, gather_ranks, masked_whiten
+from .whiten import all_gather_into, check_group, gather_ranks, masked_whiten
 
 
 class Rule(NamedTuple):
@@ -319,8 +319,6 @@ class ChunkPlan:
     def execute(self, values, group):
         """This call's outputs (``values``: its arguments by name, ``out`` among them), or None
         where it needs the general path."""
-        import torch.distributed as dist
-
         prepared = self.plan.prepare(values)
         if prepared is None:
             return None
@@ -332,8 +330,7 @@ class ChunkPlan:
             args, out_views = self.plan.kernel_views(sources, outs, views)
             tensors = self.plan.launch._tensors(args, out_views)
         chunk.reduce(ptrs, tensors)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        gather(chunk.gathered, chunk.send, group=group)
+        all_gather_into(chunk.gathered, chunk.send, group)
         chunk.scan(ptrs, tensors)
         return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -257,10 +257,17 @@ def gather_ranks(local: torch.Tensor, group) -> torch.Tensor:
 
     world = dist.get_world_size(group)
     gathered = torch.empty(world * local.numel(), dtype=local.dtype, device=local.device)
+    all_gather_into(gathered, local.contiguous(), group)
+    return gathered.view(world, local.numel())
+
+
+def all_gather_into(out: torch.Tensor, local: torch.Tensor, group) -> None:
+    """Every rank's contiguous ``local`` into ``out`` in rank order: one all-gather."""
+    import torch.distributed as dist
+
     # all_gather_single is all_gather_into_tensor's newer name (torch >= 2.13 deprecates the old one)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(gathered, local.contiguous(), group=group)
-    return gathered.view(world, local.numel())
+    gather(out, local, group=group)
 
 
 def _combine_rows(n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, group, shift: torch.Tensor | None = None):

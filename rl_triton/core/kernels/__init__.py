@@ -302,10 +302,7 @@ class Launch:
     def launch_direct(self, ptrs) -> bool:
         """Launch on the data pointers of ``tensor_slots`` (constants' included); False when no
         kernel is compiled for their alignment (or launch hooks are set), nothing launched."""
-        # one OR tells the common case, every pointer 16-byte aligned
-        aligned = self.all_aligned if not functools.reduce(operator.or_, ptrs) & 15 else \
-            tuple(p % 16 == 0 for p in ptrs)
-        self.last_aligned = aligned
+        aligned = self.last_aligned = self.alignment(ptrs)
         kernels = self.kernels.get(aligned)
         if kernels is None:
             # compiled for another Launch of the same specialisation (the full path builds one per call)
@@ -319,6 +316,12 @@ class Launch:
             ws_ptr = ptrs[0] if not self.ws_size else self._workspace(None).data_ptr()
             self._run_compiled(ptrs, zip(self.phases, kernels), ws_ptr)
         return True
+
+    def alignment(self, ptrs) -> tuple:
+        """Which of these data pointers are 16-byte aligned (the compiled kernels' key part)."""
+        # one OR tells the common case, every pointer 16-byte aligned
+        return self.all_aligned if not functools.reduce(operator.or_, ptrs) & 15 else \
+            tuple(p % 16 == 0 for p in ptrs)
 
     def _tensors(self, args, outs) -> list:
         """The tensors of ``tensor_slots`` among the arguments and outputs (constants' included)."""
@@ -462,8 +465,8 @@ class ChunkLaunch:
         self.gathered = torch.empty(world * (width * R + 1), dtype=compute, device=device)
         if divisor is None:
             divisor = torch.ones(1, dtype=launch.ws_dtype, device=device)
-        self.scale, self.divisor = scale, divisor
-        self.fold = (self.gathered, world, rank, divisor)
+        self.scale = scale
+        self.fold = (self.gathered, world, rank, divisor)  # keeps the divisor alive for fold_direct
         self.fold_direct = (self.gathered.data_ptr(), world, rank, divisor.data_ptr())
         slot_of = {pos: i for i, pos in enumerate(launch.tensor_slots)}
         # per view of the handed map: (index into the pointers, byte offset, row stride)
@@ -480,10 +483,8 @@ class ChunkLaunch:
 
     def ready(self, ptrs) -> bool:
         """Whether the compiled kernels serve these data pointers (and may launch now)."""
-        aligned = self.launch.all_aligned if not functools.reduce(operator.or_, ptrs) & 15 else \
-            tuple(p % 16 == 0 for p in ptrs)
-        self.last_aligned = aligned
-        return aligned in self.compiled and direct_launch_ok(self.launch.device)
+        self.last_aligned = self.launch.alignment(ptrs)
+        return self.last_aligned in self.compiled and direct_launch_ok(self.launch.device)
 
     def _hand_views(self, values, tensors):
         out = {}
@@ -531,7 +532,7 @@ class ChunkLaunch:
             k2 = _dispatch(config, launch._with_tensors(tensors), self.ws, launch.runtime, 2, launch.idx, self.fold)
         compiled = (*self._pending, k2)
         if all(_launchable(k) for k in compiled):
-            self.compiled[tuple(t.data_ptr() % 16 == 0 for t in tensors)] = compiled
+            self.compiled[launch.alignment([t.data_ptr() for t in tensors])] = compiled
 
 
 def _launchable(kernel) -> bool:

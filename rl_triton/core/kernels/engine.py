@@ -181,24 +181,36 @@ def _segments(ws, rows, rmask, n_seg, upto, ACC: tl.constexpr, SEG_BLOCK: tl.con
 
 
 @triton.jit
+def _ranks_beyond(fold, REVERSE: tl.constexpr):
+    """How many ranks lie beyond this one in scan order (``fold``: see the module docstring)."""
+    if REVERSE:
+        return fold[1] - 1 - fold[2]
+    else:
+        return fold[2]
+
+
+@triton.jit
+def _rank_maps(fold, i, WIDTH: tl.constexpr, R, REVERSE: tl.constexpr):
+    """The i-th rank beyond this one, walking from the window's far end in scan order: where its
+    ``WIDTH*R + 1`` numbers start in ``fold``'s maps, and whether it holds steps (int32)."""
+    if REVERSE:
+        j = fold[1] - 1 - i
+    else:
+        j = i
+    base = fold[0] + j * (WIDTH * R + 1)
+    return base, (tl.load(base + WIDTH * R) != 0).to(tl.int32)
+
+
+@triton.jit
 def _fold_ranks(fold, rows, rmask, own, R, REVERSE: tl.constexpr, ACC: tl.constexpr):
     """The carry a chunk receives from the maps of the ranks beyond it in scan order (``fold``:
     see the module docstring): the first of them holding steps (the window's far end) starts
     from its own carry, each later one applies its map; a rank without steps passes the value
     on; with none beyond holding steps, ``own`` (this rank's own carry)."""
-    maps = fold[0]
-    world = fold[1]
-    rank = fold[2]
-    n = world - 1 - rank if REVERSE else rank
     c = tl.zeros((rows.shape[0],), ACC)
     seen = tl.zeros((rows.shape[0],), tl.int32)  # a rank holding steps was met
-    for i in range(n):
-        if REVERSE:
-            j = world - 1 - i
-        else:
-            j = i
-        base = maps + j * (3 * R + 1)
-        present = (tl.load(base + 3 * R) != 0).to(tl.int32)
+    for i in range(_ranks_beyond(fold, REVERSE)):
+        base, present = _rank_maps(fold, i, 3, R, REVERSE)
         h = tl.load(base + rows * 3, mask=rmask, other=0.0).to(ACC)
         g = tl.load(base + rows * 3 + 1, mask=rmask, other=0.0).to(ACC)
         o = tl.load(base + rows * 3 + 2, mask=rmask, other=0.0).to(ACC)
@@ -212,20 +224,11 @@ def _fold_pairs(fold, rows, rmask, own_x, own_y, R, REVERSE: tl.constexpr, ACC: 
     """:func:`_fold_ranks` for two-state maps: ``7R + 1`` numbers a rank, per row the map
     ``(a1, b1, a2, b2, c)`` from carry 0 and the rank's own carries ``y``, ``x``; returns the
     carries ``(x, y)`` this chunk receives."""
-    maps = fold[0]
-    world = fold[1]
-    rank = fold[2]
-    n = world - 1 - rank if REVERSE else rank
     x = tl.zeros((rows.shape[0],), ACC)
     y = tl.zeros((rows.shape[0],), ACC)
     seen = tl.zeros((rows.shape[0],), tl.int32)  # a rank holding steps was met
-    for i in range(n):
-        if REVERSE:
-            j = world - 1 - i
-        else:
-            j = i
-        base = maps + j * (7 * R + 1)
-        present = (tl.load(base + 7 * R) != 0).to(tl.int32)
+    for i in range(_ranks_beyond(fold, REVERSE)):
+        base, present = _rank_maps(fold, i, 7, R, REVERSE)
         a1 = tl.load(base + rows * 7, mask=rmask, other=0.0).to(ACC)
         b1 = tl.load(base + rows * 7 + 1, mask=rmask, other=0.0).to(ACC)
         a2 = tl.load(base + rows * 7 + 2, mask=rmask, other=0.0).to(ACC)
