@@ -1,10 +1,18 @@
-"""A Griffe extension for the API reference (mkdocs.yml): the docstrings write formulas in
-plain text, such as ``A[t] = delta[t] + gamma*lmbda*(1-done[t])*A[t+1]``, and Markdown would
-read their asterisks as emphasis. This escapes every ``*`` outside code (inline code spans,
-indented and fenced code blocks), so the formulas render as written."""
+"""A Griffe extension for the API reference (mkdocs.yml).
+
+The docstrings write formulas in plain text, such as ``A[t] = delta[t] +
+gamma*lmbda*(1-done[t])*A[t+1]``, and Markdown would read their asterisks as emphasis. This
+escapes every ``*`` outside code (inline code spans, indented and fenced code blocks), so the
+formulas render as written.
+
+The functions decorated with ``documented`` (rl_triton/core/docstrings.py) get their Args section
+when the module is imported, which Griffe's reading of the source does not see: for those, the
+docstring is the imported function's.
+"""
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import griffe
@@ -45,9 +53,17 @@ def escape_asterisks(docstring: str) -> str:
     return "\n".join(out)
 
 
+def _built(obj: griffe.Object) -> bool:
+    """Whether ``documented`` builds the object's docstring at import."""
+    return obj.is_function and any(d.callable_path.split(".")[-1] == "documented" for d in obj.decorators)
+
+
 class PlainFormulas(griffe.Extension):
-    """Escape the asterisks of every docstring's prose once the object tree is loaded."""
+    """Take the imported docstring of the functions decorated with ``documented``, and escape the
+    asterisks of every docstring's prose, once the object tree is loaded."""
 
     def on_object(self, *, obj: griffe.Object, **kwargs) -> None:
+        if _built(obj):
+            obj.docstring.value = inspect.cleandoc(griffe.dynamic_import(obj.path).__doc__)
         if obj.docstring is not None:
             obj.docstring.value = escape_asterisks(obj.docstring.value)

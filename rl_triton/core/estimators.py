@@ -14,10 +14,27 @@ import torch
 from . import coefficients as C
 from . import inputs, launch, packed, plans, scan, sharded, spec
 from .call import TRUNCATION_HELP, Call
+from .docstrings import FORWARD_DONE, GAMMA_X, OUT_PAIR, documented
 from .whiten import WHITEN_OPTIONS, check_whiten_options, masked_whiten
 
 
 @plans.cached
+@documented(
+    mask=("a token mask (LLM responses; semantics section 13): nonzero marks a step that counts. Any flag dtype, "
+          "broadcastable to the rewards' shape; with value checks on it must hold only 0 and 1. Not together with "
+          "the episode flags or ``next_values`` (ValueError): the response ends at the window end, which "
+          "bootstraps from ``bootstrap_value`` (None: 0)."),
+    mask_mode=("how ``mask`` is read: ``\"skip\"`` (verl) skips masked steps in time, or ``\"pad\"`` (TRL, "
+               "OpenRLHF) reads rewards and values as 0 there (semantics section 13). ``\"pad\"`` needs a mask."),
+    whiten=("False; True (verl's convention, :func:`rl_triton.masked_whiten`'s defaults); or a dict of "
+            ":func:`rl_triton.masked_whiten` keywords (``unbiased``, ``shift_mean``, ``scale``, ``eps``, "
+            "``eps_mode``, ``group``). The advantages are then whitened in place after the value targets are "
+            "formed: over the mask's tokens, or without a mask over every element (rsl_rl, skrl and rl_games "
+            "normalise so: ``dict(eps_mode=\"std\")``, ``(A - mean) / (std + 1e-8)``). With ``group=`` the "
+            "statistics span the group's ranks unless the dict names another group. Not where autograd needs "
+            "gradients (ValueError); with ``cu_seqlens`` it needs a mask."),
+    out=OUT_PAIR,
+)
 def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=None, truncated=None,
         done=None, gamma=0.99, lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None,
         last_done=None, mask=None, mask_mode="skip", whiten=False, cu_seqlens=None, max_seqlen=None, group=None):
@@ -30,16 +47,6 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     (verl) skips masked steps in time: nv[t] = V of the next unmasked step (bootstrap_value, or
     0, past the last), A[t] = m[t]*(r[t] + gamma*nv[t] - V(s_t)) + (m[t]*gamma*lmbda + 1 - m[t])*A[t+1];
     ``mask_mode="pad"`` (TRL, OpenRLHF) reads rewards and values as 0 where the mask is 0.
-
-    ``whiten``: True (verl's convention) or a dict of :func:`rl_triton.masked_whiten` keywords
-    whitens the advantages in place, after the value targets are formed: over the mask's tokens,
-    or without a mask over every element (rsl_rl, skrl and rl_games normalise so:
-    ``whiten=dict(eps_mode="std")``, ``(A - mean) / (std + 1e-8)``).
-
-    ``group`` (a ``torch.distributed`` ProcessGroup; every function of the library's estimators
-    and ``affine_scan`` takes it): the window's time axis is split across the group's ranks in
-    rank order, each passing its chunk and getting its steps of the result of the call on the
-    whole window (docs/semantics.md, section 17).
 
     Returns ``(advantages, value_targets = advantages + values)`` (pad: the zeroed values).
     """
@@ -173,6 +180,11 @@ def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l
 
 
 @plans.cached
+@documented(
+    next_values=("``V(s_{t+1})`` of each step's true successor (at a truncation the final observation's value, "
+                 "not the next episode's first): the rewards' dtype, broadcastable to their shape. "
+                 "``next_values[T-1]`` bootstraps the window end."),
+)
 def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, done=None, gamma=0.99,
                      lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None,
                      cu_seqlens=None, max_seqlen=None, group=None):
@@ -203,6 +215,16 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
 
 
 @plans.cached
+@documented(
+    next_values=("``V(s_{t+1})``, what the return restarts from at a done that is not a termination (the final "
+                 "observation's value at a truncation) and, as ``next_values[T-1]``, at the window end: the "
+                 "rewards' dtype, broadcastable to their shape. Required where a step can be truncated "
+                 "(``truncated`` given, or ``done`` with ``terminated``: ValueError without it). Not together "
+                 "with ``bootstrap_value``."),
+    bootstrap_value=("``R[T]``, the return after the window's last step, per row: the rewards' shape without "
+                     "the time dim (broadcastable), their dtype. None, without ``next_values``: 0 (the "
+                     "Monte-Carlo reward-to-go). Not together with ``next_values``."),
+)
 def discounted_return(rewards, *, terminated=None, truncated=None, done=None, next_values=None,
                       bootstrap_value=None, gamma=0.99, time_dim=-1, backend=None, out=None, episode_starts=None,
                       last_done=None, cu_seqlens=None, max_seqlen=None, group=None):
@@ -241,6 +263,13 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
 
 
 @plans.cached
+@documented(
+    rho_bar=("the clip of the importance ratio in the TD errors, ``rho = min(rho_bar, ratio)``: a Python "
+             "number > 0; ``float(\"inf\")`` means no clipping."),
+    rho_bar_pg=("the clip of the ratio in the policy-gradient advantages, ``min(rho_bar_pg, ratio)``: a number "
+                "> 0 or ``float(\"inf\")``. None: ``rho_bar``."),
+    out=OUT_PAIR,
+)
 def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value=None, terminated=None,
            truncated=None, done=None, gamma=0.99, lmbda=1.0, rho_bar=1.0, c_bar=1.0, rho_bar_pg=None,
            time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None,
@@ -292,6 +321,15 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
 
 
 @plans.cached
+@documented(
+    q_values="``Q(s_t, a_t)``: the rewards' dtype, broadcastable to their shape.",
+    next_expected_q=("``ev[t] = E_{a~pi} Q(s_{t+1}, a)``: the rewards' dtype, broadcastable to their shape. "
+                     "Give exactly one of ``next_expected_q`` and the pair ``next_pi``, ``next_q`` (ValueError)."),
+    next_pi=("``pi(a | s_{t+1})`` for each action a: one dim more than the rewards, broadcastable to "
+             "``rewards.shape + (A,)`` with the action dim last whatever ``time_dim`` is, the rewards' dtype. "
+             "With ``next_q``: ``ev[t] = sum_a next_pi[..., a]*next_q[..., a]``."),
+    next_q="``Q(s_{t+1}, a)`` for each action a, as ``next_pi`` and with as many actions.",
+)
 def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=None, next_q=None,
             terminated=None, truncated=None, done=None, gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1,
             backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None, max_seqlen=None, group=None):
@@ -368,6 +406,7 @@ def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
 
 
 @plans.cached
+@documented(done=FORWARD_DONE, gamma=GAMMA_X)
 def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time_dim=-1, backend=None, out=None,
                       cu_seqlens=None, max_seqlen=None, group=None):
     """Accumulating eligibility trace, forward in time, reset after each done.
@@ -383,6 +422,7 @@ def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time
 
 
 @plans.cached
+@documented(done=FORWARD_DONE)
 def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None, out=None, cu_seqlens=None,
                     max_seqlen=None, group=None):
     """Running sum within episodes, forward in time: c[t] = x[t] + (1-done[t-1])*c[t-1], c[-1] = initial."""
@@ -394,6 +434,26 @@ def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None, ou
 
 
 @plans.cached
+@documented(
+    rewards=("``rewards[t]``, the reward that arrived with observation t: the step from observation t has "
+             "``rewards[t+1]``, and ``rewards[0]`` belongs to no step of the row. A float16, bfloat16, float32 or "
+             "float64 tensor of shape ``[*B, T]`` with time at ``time_dim``; the other float tensors have its "
+             "dtype and device, and the output its shape, dtype and device."),
+    values="``V`` of observation t: a tensor of the rewards' dtype and device, broadcastable to their shape.",
+    ratio=("the importance ratio ``pi/mu`` of the action taken at observation t: the rewards' dtype, "
+           "broadcastable to their shape. None: 1 (plain GAE)."),
+    done=("``done[t]``, the done flag that arrived with observation t: the step from observation t ends its "
+          "episode where ``done[t+1]``, always as a termination. Bool, integer or float (true where nonzero), "
+          "broadcastable to the rewards' shape; with value checks on it must hold only 0 and 1. None: no "
+          "episode ends."),
+    rho_bar=("the clip of the TD errors' weight, ``rho = min(rho_bar, ratio)``: a Python number > 0; "
+             "``float(\"inf\")`` means no clipping."),
+    c_bar=("the clip of the trace weight, ``c = min(c_bar, ratio)``: a Python number > 0; ``float(\"inf\")`` "
+           "means no clipping."),
+    write_last=("a bool. True: the last observation's column, which has no step in the row, gets advantage 0. "
+                "False (needs ``out``, else ValueError): that column of ``out`` is left as it was, as PufferLib's "
+                "kernel leaves it."),
+)
 def arrival_gae(rewards, values, *, ratio=None, done=None, gamma=0.99, lmbda=0.95, rho_bar=1.0, c_bar=1.0,
                 write_last=True, time_dim=-1, backend=None, out=None):
     """GAE with clipped importance weights on arrival-aligned rows (PufferLib's advantage).

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from . import inputs, launch
+from .docstrings import documented
 
 MODES = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
 _WHITEN_EPS = 1e-8  # the variance floor of the batch whitening (reinforce_plus_plus_baseline)
@@ -24,6 +25,28 @@ _NARROW_DTYPES = frozenset((torch.uint8, torch.uint16, torch.int8, torch.int16))
 _INT_DTYPES = _NARROW_DTYPES | {torch.uint32, torch.uint64, torch.int32, torch.int64}
 
 
+@documented(
+    scores=("``[B]``, one outcome score per response: a 1-D float16, bfloat16, float32 or float64 tensor. The "
+            "result has its dtype and device."),
+    group_ids=("``[B]``, the prompt each response answers; equal ids form one group. An integer tensor (any "
+               "integer dtype, on any device), or a numpy array or list of hashable ids (verl's ``uid`` "
+               "strings). With ``group``: an integer tensor of global ids in ``[0, num_groups)`` on the scores' "
+               "device."),
+    mode="``\"grpo\"``, ``\"drgrpo\"``, ``\"rloo\"`` or ``\"reinforce_plus_plus_baseline\"`` (formulas above).",
+    mask=("``[B, L]`` response mask on the scores' device: bool, integer or float, nonzero marks a valid token "
+          "(not a weight). The result is then ``[B, L]``, ``A_i`` at the valid tokens of row i and 0 elsewhere. "
+          "Required by ``\"reinforce_plus_plus_baseline\"``, whose whitening counts the valid tokens. None: "
+          "the result is ``[B]``."),
+    eps="GRPO's ``eps``, a Python number >= 0 (NaN or negative: ValueError); only ``\"grpo\"`` uses it.",
+    out=("a tensor of the result's shape (``[B]``, or the mask's ``[B, L]``), dtype and device that the result "
+         "is written to and returned in; it may be ``scores`` itself. None: a new tensor. Not where ``scores`` "
+         "requires grad (ValueError)."),
+    group=("a ``torch.distributed`` ProcessGroup: the batch's responses are spread over its ranks, each rank "
+           "passing its own, and a group of responses may span ranks (then ``group_ids`` are global and "
+           "``num_groups`` is required). Each rank gets the advantages of its responses. No autograd."),
+    num_groups=("with ``group``: the number of global group ids, an int >= 1 (TypeError without it); not "
+                "without ``group`` (ValueError)."),
+)
 def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out=None, group=None,
                      num_groups=None, backend=None) -> torch.Tensor:
     """Advantages of responses relative to the other responses to the same prompt.

@@ -15,6 +15,7 @@ import torch
 
 from . import inputs, launch, packed, plans, sharded, spec
 from .call import Call
+from .docstrings import documented
 
 
 def _shift(x, reverse, fill):
@@ -62,6 +63,16 @@ def call_scan(c: Call, alpha, beta, carry, reverse: bool):
 
 
 @plans.cached
+@documented(
+    alpha=("``alpha[t]``: a float16, bfloat16, float32 or float64 tensor with time at ``time_dim``. ``alpha`` and "
+           "``beta`` broadcast to one shape, which the output has, with ``alpha``'s dtype and device."),
+    beta=("``beta[t]``: a tensor of ``alpha``'s dtype and device, or a Python number, applied in float32 "
+          "(float64 for float64 ``alpha``) as a number ``gamma`` is. Where ``beta[t]`` is 0 the neighbouring "
+          "``y`` is not read (semantics section 11)."),
+    reverse="a bool: True runs backward in time from ``y[T] = initial``, False forward from ``y[-1] = initial``.",
+    initial=("``y[T]`` (reverse) or ``y[-1]`` (forward) per row: the broadcast shape without the time dim "
+             "(broadcastable), ``alpha``'s dtype. None: 0."),
+)
 def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend=None, out=None, cu_seqlens=None,
                 max_seqlen=None, group=None):
     """Solve ``y[t] = alpha[t] + beta[t] * y[t+1]`` (``reverse=True``, ``y[T] = initial``) or

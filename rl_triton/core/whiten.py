@@ -17,10 +17,20 @@ from numbers import Real
 import torch
 
 from . import cpu, inputs, launch
+from .docstrings import documented
 
 EPS_MODES = ("add", "clamp", "std")
 
 
+_X = "a float16, bfloat16, float32 or float64 tensor of any shape."
+_MASK = ("``x``'s shape exactly (no broadcasting) and device: bool, integer or float, nonzero marks a valid "
+         "element (not a weight). None: every element is valid.")
+_GROUP = ("a ``torch.distributed`` ProcessGroup (e.g. ``dist.group.WORLD``): each rank passes its own shard and "
+          "every rank gets the statistics of the valid elements of all ranks, from one all-gather. None: this "
+          "process alone. No autograd.")
+
+
+@documented(x=_X, mask=_MASK, group=_GROUP)
 def masked_moments(x, mask=None, *, group=None):
     """The statistics that :func:`masked_whiten` normalises with: ``(count, mean, m2)``.
 
@@ -71,6 +81,18 @@ def check_whiten_options(unbiased=True, shift_mean=True, scale=True, eps=1e-8, e
     return eps
 
 
+@documented(
+    x=_X + " The result has its shape and dtype.",
+    mask=_MASK,
+    unbiased="a bool: the variance divides ``M2`` by ``n - 1`` (True) or by ``n``.",
+    shift_mean="a bool: False adds the mean back to the whitened values.",
+    scale="a bool: False leaves the scale alone (``rstd = 1``): centring only.",
+    eps="a Python number >= 0, applied to the variance or the standard deviation as ``eps_mode`` says.",
+    eps_mode="``\"add\"``, ``\"clamp\"`` or ``\"std\"`` (formulas above).",
+    group=_GROUP,
+    out=("a tensor of ``x``'s shape, dtype and device that the result is written to and returned in; it may be "
+         "``x`` itself. None: a new tensor. Not where ``x`` requires grad (ValueError)."),
+)
 def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, eps=1e-8, eps_mode="add",
                   group=None, out=None, backend=None) -> torch.Tensor:
     """Whiten ``x`` with the mean and variance of its valid elements.
