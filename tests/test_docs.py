@@ -127,3 +127,90 @@ def test_verl_page_installs_verl_in_its_own_environment():
         if name != "verl":
             assert not any("verl" in r for r in requirements), name
     assert "-e .[cpu,verl,trl]" in open(os.path.join(ROOT, ".ci", "run")).read()
+
+
+# the modules whose public functions' docstrings must document every argument
+DOCUMENTED = ["rl_triton"] + [f"rl_triton.integrations.{m}" for m in (
+    "sb3", "torchrl", "rllib", "cleanrl", "rsl_rl", "skrl", "rl_games", "verl", "trl", "openrlhf", "pufferlib")]
+
+
+def _args_section(doc: str) -> list:
+    """The parameter names of a Google-style docstring's ``Args:`` section, in order."""
+    names, inside = [], False
+    for line in doc.splitlines():
+        if line.strip() in ("Args:", "Arguments:", "Parameters:"):
+            inside = True
+        elif inside and line.strip() and not line.startswith(" "):
+            inside = False  # the next section
+        elif inside and re.match(r"^    \S", line):
+            match = re.match(r"^    (\*{0,2}\w+)(?: \([^)]*\))?:", line)
+            assert match, f"not an Args entry: {line!r}"
+            names.append(match.group(1).lstrip("*"))
+    return names
+
+
+def _documented_callables(module_name: str):
+    """(qualified name, callable, its parameters) for every public function of the module and
+    every public class that defines its own ``__init__``: the names of ``__all__`` and the
+    members docs/api.md renders for the module."""
+    import inspect
+
+    module = pytest.importorskip(module_name)
+    names = list(getattr(module, "__all__", []))
+    names += [e[len(module_name) + 1:] for e in _api_entries() if e.startswith(module_name + ".")
+              and "." not in e[len(module_name) + 1:]]
+    found = []
+    for name in dict.fromkeys(names):
+        obj = getattr(module, name, None)
+        if inspect.isclass(obj):
+            owner = next(k for k in obj.__mro__ if "__init__" in vars(k))
+            if not owner.__module__.startswith("rl_triton"):
+                continue  # the framework's own __init__
+            doc, fn = (inspect.getdoc(obj) or "") + "\n" + (inspect.getdoc(obj.__init__) or ""), obj.__init__
+        elif inspect.isfunction(obj) or inspect.isfunction(getattr(obj, "__wrapped__", None)):
+            doc, fn = inspect.getdoc(obj) or "", obj
+        else:
+            continue  # a constant
+        params = [p for p in inspect.signature(fn).parameters if p not in ("self", "cls")]
+        found.append((f"{module_name}.{name}", doc, params))
+    return found
+
+
+@pytest.mark.parametrize("module", DOCUMENTED)
+def test_docstrings_describe_every_argument(module):
+    """Every public function's docstring (a class's, for its ``__init__``) has an Args section
+    with an entry for each of its parameters, and none for a name it does not take."""
+    missing = []
+    for name, doc, params in _documented_callables(module):
+        listed = [n for n in _args_section(doc) if n not in ("self", "cls")]
+        if set(listed) != set(params):
+            missing.append(f"{name}: lacks {sorted(set(params) - set(listed))}, "
+                           f"names {sorted(set(listed) - set(params))} it does not take")
+    assert not missing, "\n".join(missing)
+
+
+@pytest.mark.parametrize("module", DOCUMENTED)
+def test_docstring_arguments_in_signature_order(module):
+    """The Args entries come in the order of the signature, once each, so that an argument shared
+    by several functions (the flags, gamma, time_dim, backend, out, group, ...) is found where the
+    signature puts it."""
+    for name, doc, params in _documented_callables(module):
+        listed = [n for n in _args_section(doc) if n not in ("self", "cls")]
+        assert listed == [p for p in params if p in listed], f"{name}: Args in the order {listed}, signature {params}"
+
+
+def test_documented_needs_a_text_for_every_argument():
+    """``documented`` refuses a parameter without a text and a text for no parameter, so the
+    built docstrings cannot fall behind the signatures."""
+    from rl_triton.core.docstrings import ARGS, documented
+
+    def f(rewards, *, gamma=0.99, brand_new=None):
+        """Doc."""
+
+    with pytest.raises(TypeError, match="brand_new"):
+        documented()(f)
+    with pytest.raises(TypeError, match="nonexistent"):
+        documented(brand_new="text", nonexistent="text")(f)
+    built = documented(brand_new="its text.")(f).__doc__
+    assert _args_section(built) == ["rewards", "gamma", "brand_new"]
+    assert " ".join(ARGS["gamma"].split()[:6]) in " ".join(built.split())

@@ -38,11 +38,21 @@ def _row(x: torch.Tensor, num_envs: int, name: str) -> torch.Tensor:
 def compute_gae(rewards, values, dones, next_value, next_done, gamma: float, gae_lambda: float):
     """CleanRL's GAE loop as one fused scan.
 
-    ``rewards``, ``values``, ``dones``: ``(num_steps, num_envs)``; ``next_value``: ``(1, N)`` or
-    ``(N,)``, V of the observation after the rollout; ``next_done``: ``(N,)``.
     delta[t] = r[t] + gamma * V(t+1) * (1 - done[t+1]) - V(t), A[t] = delta[t] +
     gamma * gae_lambda * (1 - done[t+1]) * A[t+1], with done[T] = next_done, V(T) = next_value.
     Returns ``(advantages, returns = advantages + values)``.
+
+    Args:
+        rewards: ``(num_steps, num_envs)`` float tensor of rewards, on any device; the outputs
+            have its shape, dtype and device.
+        values: ``V(t)``, ``(num_steps, num_envs)``, the rewards' dtype and device.
+        dones: ``(num_steps, num_envs)`` flags (any dtype, true where nonzero): ``dones[t]`` marks
+            observation t as the first of an episode (CleanRL's ``next_done`` of the step before).
+        next_value: V of the observation after the rollout, one per env (``(1, num_envs)`` or
+            ``(num_envs,)``); cast to the rewards' dtype.
+        next_done: ``(num_envs,)`` flags: whether each env's last step ended its episode.
+        gamma: the discount in [0, 1].
+        gae_lambda: the GAE lambda in [0, 1].
     """
     if not isinstance(rewards, torch.Tensor) or rewards.ndim != 2:
         raise ValueError("rewards must be a (num_steps, num_envs) tensor")
@@ -58,12 +68,22 @@ def compute_gae_truncated(rewards, values, next_values, terminations, truncation
                           gae_lambda: float):
     """GAE with time-limit truncations bootstrapped correctly (gymnasium >= 1.0 vector envs).
 
-    Step-aligned, as ``envs.step`` returns them: ``terminations[t]``/``truncations[t]`` end the
-    episode after step t; ``next_values[t]`` = V(s_{t+1}) of the true successor (the final
-    observation's value where step t was truncated, ``values[t+1]`` inside an episode, the
-    next observation's value at the last step). A truncation cuts the trace but bootstraps
-    from ``next_values``; a termination does not bootstrap. All ``(num_steps, num_envs)``.
-    Returns ``(advantages, returns = advantages + values)``.
+    Step-aligned, as ``envs.step`` returns them. A truncation cuts the trace but bootstraps from
+    ``next_values``; a termination does not bootstrap. Returns ``(advantages, returns =
+    advantages + values)``.
+
+    Args:
+        rewards: ``(num_steps, num_envs)`` float tensor of rewards, on any device; the outputs
+            have its shape, dtype and device.
+        values: ``V(s_t)``, ``(num_steps, num_envs)``, the rewards' dtype and device.
+        next_values: ``V(s_{t+1})`` of each step's true successor, ``(num_steps, num_envs)``: the
+            final observation's value where step t was truncated, ``values[t+1]`` inside an
+            episode, the next observation's value at the last step.
+        terminations: ``(num_steps, num_envs)`` flags (any dtype, true where nonzero):
+            ``s_{t+1}`` is terminal.
+        truncations: ``(num_steps, num_envs)`` flags: the episode was cut after step t.
+        gamma: the discount in [0, 1].
+        gae_lambda: the GAE lambda in [0, 1].
     """
     return gae(rewards, values, next_values=next_values, terminated=terminations, truncated=truncations,
                gamma=gamma, lmbda=gae_lambda, time_dim=0)

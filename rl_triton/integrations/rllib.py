@@ -120,6 +120,19 @@ def compute_value_targets(values, rewards, terminateds, truncateds, gamma: float
 
     Returns ``float32(float32(A) + values)``, a float32 numpy array, as RLlib's does; the scan
     runs in float64, as RLlib's loop (whose float64 flags and next values promote it) does.
+    Arguments the fused path does not take as they are (not 1-D arrays of one length, flags that
+    are not 0/1 or are floats narrower than float64, a gamma or lambda_ outside [0, 1]) go to
+    RLlib's function.
+
+    Args:
+        values: ``V[t]``, a 1-D float numpy array (or array-like) of the flat batch's N steps.
+        rewards: ``r[t]``, a 1-D array of N numbers.
+        terminateds: ``terminated[t]``, N flags: ``s_{t+1}`` is terminal (no bootstrap, and the
+            trace stops).
+        truncateds: ``truncated[t]``, N flags: the episode was cut after step t (the trace stops;
+            the step bootstraps from ``V[t+1]``, as RLlib's does).
+        gamma: the discount, a Python number.
+        lambda_: the GAE lambda, a Python number.
     """
     arrays = [np.asarray(x) for x in (values, rewards, terminateds, truncateds)]
     v, r = arrays[0], arrays[1]
@@ -174,7 +187,8 @@ class GeneralAdvantageEstimation(_gae_connector.GeneralAdvantageEstimation):
     device: the value-function forward pass, then per module one fused GAE scan over the flat
     batch and RLlib's standardisation ``(A - mean) / max(1e-4, std)`` in place. Value targets
     are float32, as RLlib's. Batches of stateful (recurrent) modules, which RLlib zero-pads per
-    sequence, take RLlib's own connector."""
+    sequence, take RLlib's own connector. Its constructor is RLlib's (``gamma``, ``lambda_`` and
+    the connector's spaces)."""
 
     def __call__(self, *, rl_module, episodes, batch, **kwargs):
         def stateful(mid, module):
@@ -203,7 +217,11 @@ class GeneralAdvantageEstimation(_gae_connector.GeneralAdvantageEstimation):
 
 def use_fused_gae(pipeline) -> int:
     """Replace each of RLlib's ``GeneralAdvantageEstimation`` pieces in a learner connector
-    pipeline by this module's (same gamma and lambda_, same place); returns how many."""
+    pipeline by this module's (same gamma and lambda_, same place); returns how many.
+
+    Args:
+        pipeline: an RLlib learner ``ConnectorPipelineV2``, changed in place.
+    """
     replaced = 0
     for i, piece in enumerate(pipeline.connectors):
         if type(piece) is _ORIGINAL_CONNECTOR:
@@ -237,6 +255,23 @@ def vtrace_torch(*, target_action_log_probs, behaviour_action_log_probs, discoun
     (vs - V)[t] = rho[t] * (r[t] + discounts[t] * V[t+1] - V[t]) + discounts[t] * c[t] * (vs - V)[t+1]
     pg[t] = min(rho_bar_pg, ratio[t]) * (r[t] + discounts[t] * vs[t+1] - V[t]),
     V[T] = vs[T] = bootstrap_values; rho_bar / rho_bar_pg = the clip thresholds (None: inf).
+
+    Arguments the fused path does not take as they are (not tensors of one dtype and device,
+    other shapes, a threshold that is not a number, a discount outside [0, 1], a threshold <= 0)
+    go to RLlib's function. Every argument is keyword-only, as in RLlib.
+
+    Args:
+        target_action_log_probs: the learner policy's log-probabilities of the taken actions,
+            ``[T, B]`` time-major.
+        behaviour_action_log_probs: the behaviour policy's, ``[T, B]``.
+        discounts: ``discounts[t]``, the discount of step t, ``[T, B]`` (0 where the episode
+            ends: it cuts the trace and the bootstrap).
+        rewards: ``r[t]``, ``[T, B]``.
+        values: ``V[t]``, ``[T, B]``, a float tensor; every tensor has its dtype and device.
+        bootstrap_values: ``V[T]``, the value after the last step, ``[B]``.
+        clip_rho_threshold: ``rho_bar``, a number (or a one-element tensor, read on the host);
+            None: no clipping.
+        clip_pg_rho_threshold: ``rho_bar_pg``, as ``clip_rho_threshold``.
     """
     kwargs = dict(target_action_log_probs=target_action_log_probs,
                   behaviour_action_log_probs=behaviour_action_log_probs, discounts=discounts, rewards=rewards, values=values, bootstrap_values=bootstrap_values,

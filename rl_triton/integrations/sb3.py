@@ -57,7 +57,17 @@ def _target_device(name, n_elements: int, gpu_min_elements: int) -> torch.device
 
 
 def compute_returns_and_advantage(self, last_values: torch.Tensor, dones: np.ndarray) -> None:
-    """GAE over the buffer (SB3's semantics) as one fused scan; see the module docstring."""
+    """GAE over the buffer (SB3's semantics) as one fused scan; see the module docstring.
+
+    Args:
+        self: the rollout buffer, whose ``rewards``, ``values`` and ``episode_starts`` (numpy
+            ``(n_steps, n_envs)``) it reads and whose ``advantages`` and ``returns`` it sets.
+        last_values: ``V(s_T)`` of the observation after the rollout's last step, one per
+            environment (a tensor of ``n_envs`` elements, as SB3 passes it); detached and cast to
+            the buffer's dtype.
+        dones: whether each environment's last step ended its episode (SB3's ``dones``, a numpy
+            array of ``n_envs`` flags, true where nonzero).
+    """
     T, N = self.rewards.shape
     settings = _state.settings(_DEFAULTS)
     device = _target_device(getattr(self, "gae_device", None) or settings["device"], T * N,
@@ -139,13 +149,17 @@ def patch(device: str = "cpu", gpu_min_elements: int | None = None) -> None:
     inherits it) through rl_triton until ``unpatch()``. Idempotent; calling again only updates
     the settings. Thread-safe.
 
-    ``device``: "cpu" (default), "cuda"/"cuda:N", or "auto" (GPU from ``gpu_min_elements``
-    buffer steps on); a device that this torch cannot use raises ``ValueError`` here.
-    ``gpu_min_elements=None`` keeps the value in effect (default 65,536).
-
     The patch is shared with ``patched()`` blocks, which may be open in other threads: SB3's
     method is set while ``patch()`` is in effect or any block is open, and the settings of the
     latest of them apply (a ``patch()`` call counts as the latest from then on).
+
+    Args:
+        device: "cpu" (default), "cuda"/"cuda:N", or "auto" (the GPU for buffers of at least
+            ``gpu_min_elements`` steps, where CUDA is available); a device that this torch cannot
+            use raises ``ValueError`` here.
+        gpu_min_elements: with ``device="auto"``, the smallest buffer (``n_steps * n_envs``) that
+            goes to the GPU: an int >= 0 (``ValueError`` otherwise). None keeps the value in
+            effect (default 65,536).
     """
     _state.patch(_settings_of(device, gpu_min_elements))
 
@@ -166,7 +180,16 @@ def patched(device: str = "cpu", gpu_min_elements: int | None = None):
     """``with patched(): ...``: SB3 is patched for the block, with these settings, and the
     block's hold on the patch ends with it. Blocks nest, also across threads: each holds the
     patch until it closes, and SB3's own method comes back when the last holder (block or
-    ``patch()``) lets go. The settings are the latest holder's (see ``patch()``)."""
+    ``patch()``) lets go. The settings are the latest holder's (see ``patch()``).
+
+    Args:
+        device: "cpu" (default), "cuda"/"cuda:N", or "auto" (the GPU for buffers of at least
+            ``gpu_min_elements`` steps, where CUDA is available); a device that this torch cannot
+            use raises ``ValueError`` here.
+        gpu_min_elements: with ``device="auto"``, the smallest buffer (``n_steps * n_envs``) that
+            goes to the GPU: an int >= 0 (``ValueError`` otherwise). None keeps the value in
+            effect (default 65,536).
+    """
     return _state.patched(_settings_of(device, gpu_min_elements))
 
 
@@ -181,8 +204,24 @@ class _FastGAE:
 
 
 class FastRolloutBuffer(_FastGAE, _buffers.RolloutBuffer):
-    """``RolloutBuffer`` with the fused GAE: ``PPO(..., rollout_buffer_class=FastRolloutBuffer)``."""
+    """``RolloutBuffer`` with the fused GAE: ``PPO(..., rollout_buffer_class=FastRolloutBuffer)``.
+
+    Args:
+        *args: SB3's constructor arguments, passed on.
+        gae_device: the device of this buffer's GAE ("cpu", "cuda"/"cuda:N" or "auto", as
+            ``patch(device=)``; ``ValueError`` for a device this torch cannot use). None: the
+            setting of ``patch()``, default "cpu".
+        **kwargs: SB3's keyword arguments, passed on.
+    """
 
 
 class FastDictRolloutBuffer(_FastGAE, _buffers.DictRolloutBuffer):
-    """``DictRolloutBuffer`` with the fused GAE, for dict observation spaces."""
+    """``DictRolloutBuffer`` with the fused GAE, for dict observation spaces.
+
+    Args:
+        *args: SB3's constructor arguments, passed on.
+        gae_device: the device of this buffer's GAE ("cpu", "cuda"/"cuda:N" or "auto", as
+            ``patch(device=)``; ``ValueError`` for a device this torch cannot use). None: the
+            setting of ``patch()``, default "cpu".
+        **kwargs: SB3's keyword arguments, passed on.
+    """

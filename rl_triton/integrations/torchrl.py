@@ -262,7 +262,24 @@ def generalized_advantage_estimate(
     gamma, lmbda, state_value, next_state_value, reward, done, terminated=None, *, time_dim=-2
 ):
     """Drop-in for ``torchrl.objectives.value.functional.generalized_advantage_estimate``:
-    returns ``(advantage, value_target)``, one fused scan."""
+    returns ``(advantage, value_target)``, one fused scan.
+
+    Args:
+        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
+            step or per row), on any device (moved to the data's).
+        lmbda: the GAE lambda in [0, 1], a number or a tensor as ``gamma``.
+        state_value: ``V(s_t)``, the shape of ``reward``; cast to ``next_state_value``'s dtype.
+        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
+            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
+            output's, and the other float inputs are cast to it.
+        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
+        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
+            truncated), so the trace stops there.
+        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
+            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
+        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
+            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
+    """
     return _gae_impl(gamma, lmbda, state_value, next_state_value, reward, done, terminated)
 
 
@@ -272,7 +289,24 @@ def vec_generalized_advantage_estimate(
     gamma, lmbda, state_value, next_state_value, reward, done, terminated=None, *, time_dim=-2
 ):
     """Drop-in for TorchRL's ``vec_generalized_advantage_estimate``; exact (no filter truncation),
-    no host synchronisation, and ``gamma*lmbda == 0`` works."""
+    no host synchronisation, and ``gamma*lmbda == 0`` works. Returns ``(advantage, value_target)``.
+
+    Args:
+        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
+            step or per row), on any device (moved to the data's).
+        lmbda: the GAE lambda in [0, 1], a number or a tensor as ``gamma``.
+        state_value: ``V(s_t)``, the shape of ``reward``; cast to ``next_state_value``'s dtype.
+        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
+            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
+            output's, and the other float inputs are cast to it.
+        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
+        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
+            truncated), so the trace stops there.
+        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
+            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
+        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
+            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
+    """
     return _gae_impl(gamma, lmbda, state_value, next_state_value, reward, done, terminated)
 
 
@@ -281,7 +315,29 @@ def vec_generalized_advantage_estimate(
 def td_lambda_return_estimate(
     gamma, lmbda, next_state_value, reward, done, terminated=None, rolling_gamma=None, *, time_dim=-2
 ):
-    """Drop-in for TorchRL's ``td_lambda_return_estimate``, ``rolling_gamma=False`` included."""
+    """Drop-in for TorchRL's ``td_lambda_return_estimate``, ``rolling_gamma=False`` included:
+    returns the TD(lambda) return.
+
+    Args:
+        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
+            step or per row), on any device (moved to the data's).
+        lmbda: the TD(lambda) mixing parameter in [0, 1], a number or a tensor as ``gamma``.
+        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
+            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
+            output's, and the other float inputs are cast to it.
+        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
+        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
+            truncated), so the trace stops there.
+        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
+            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
+        rolling_gamma: None or True: each step's ``gamma``/``lmbda`` discounts that step only. False
+            (TorchRL's other convention): the return from step k uses step k's ``gamma`` and ``lmbda``
+            for every later step of the window; it needs a per-step ``gamma`` (or, TD(lambda), a
+            per-step ``gamma`` or ``lmbda``) tensor (RuntimeError otherwise), and the ``vec_*``
+            functions raise ``NotImplementedError`` for it with per-step discounts, as TorchRL's do.
+        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
+            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
+    """
     return _td_lambda_impl(gamma, lmbda, next_state_value, reward, done, terminated, rolling_gamma,
                            td1=False, vec=False)
 
@@ -292,7 +348,29 @@ def vec_td_lambda_return_estimate(
     gamma, lmbda, next_state_value, reward, done, terminated=None, rolling_gamma=None, *, time_dim=-2
 ):
     """Drop-in for TorchRL's ``vec_td_lambda_return_estimate`` (exact; ``rolling_gamma=False``
-    raises ``NotImplementedError`` as TorchRL's does: use ``td_lambda_return_estimate``)."""
+    with per-step discounts raises ``NotImplementedError`` as TorchRL's does: use
+    ``td_lambda_return_estimate``). Returns the TD(lambda) return.
+
+    Args:
+        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
+            step or per row), on any device (moved to the data's).
+        lmbda: the TD(lambda) mixing parameter in [0, 1], a number or a tensor as ``gamma``.
+        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
+            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
+            output's, and the other float inputs are cast to it.
+        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
+        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
+            truncated), so the trace stops there.
+        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
+            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
+        rolling_gamma: None or True: each step's ``gamma``/``lmbda`` discounts that step only. False
+            (TorchRL's other convention): the return from step k uses step k's ``gamma`` and ``lmbda``
+            for every later step of the window; it needs a per-step ``gamma`` (or, TD(lambda), a
+            per-step ``gamma`` or ``lmbda``) tensor (RuntimeError otherwise), and the ``vec_*``
+            functions raise ``NotImplementedError`` for it with per-step discounts, as TorchRL's do.
+        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
+            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
+    """
     return _td_lambda_impl(gamma, lmbda, next_state_value, reward, done, terminated, rolling_gamma,
                            td1=False, vec=True)
 
@@ -302,7 +380,28 @@ def vec_td_lambda_return_estimate(
 def td1_return_estimate(
     gamma, next_state_value, reward, done, terminated=None, rolling_gamma=None, *, time_dim=-2
 ):
-    """Drop-in for TorchRL's ``td1_return_estimate``, ``rolling_gamma=False`` included."""
+    """Drop-in for TorchRL's ``td1_return_estimate``, ``rolling_gamma=False`` included: returns
+    the TD(1) return.
+
+    Args:
+        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
+            step or per row), on any device (moved to the data's).
+        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
+            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
+            output's, and the other float inputs are cast to it.
+        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
+        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
+            truncated), so the trace stops there.
+        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
+            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
+        rolling_gamma: None or True: each step's ``gamma`` discounts that step only. False
+            (TorchRL's other convention): the return from step k uses step k's ``gamma`` for every
+            later step of the window; it needs a per-step ``gamma`` tensor (RuntimeError
+            otherwise), and ``vec_td1_return_estimate`` raises ``NotImplementedError`` for it with
+            a per-step ``gamma``, as TorchRL's does.
+        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
+            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
+    """
     return _td_lambda_impl(gamma, 1.0, next_state_value, reward, done, terminated, rolling_gamma,
                            td1=True, vec=False)
 
@@ -313,7 +412,27 @@ def vec_td1_return_estimate(
     gamma, next_state_value, reward, done, terminated=None, rolling_gamma=None, time_dim=-2
 ):
     """Drop-in for TorchRL's ``vec_td1_return_estimate`` (``time_dim`` is positional-or-keyword
-    there too)."""
+    there too): returns the TD(1) return.
+
+    Args:
+        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
+            step or per row), on any device (moved to the data's).
+        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
+            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
+            output's, and the other float inputs are cast to it.
+        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
+        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
+            truncated), so the trace stops there.
+        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
+            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
+        rolling_gamma: None or True: each step's ``gamma`` discounts that step only. False
+            (TorchRL's other convention): the return from step k uses step k's ``gamma`` for every
+            later step of the window; it needs a per-step ``gamma`` tensor (RuntimeError
+            otherwise), and ``vec_td1_return_estimate`` raises ``NotImplementedError`` for it with
+            a per-step ``gamma``, as TorchRL's does.
+        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
+            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
+    """
     return _td_lambda_impl(gamma, 1.0, next_state_value, reward, done, terminated, rolling_gamma,
                            td1=True, vec=True)
 
@@ -327,7 +446,29 @@ def vtrace_advantage_estimate(
     """Drop-in for TorchRL 0.14.1's ``vtrace_advantage_estimate``: returns ``(advantage, vs)``.
 
     As in 0.14.1: ``c = min(ratio, c_thresh)`` (no lambda), the policy-gradient rho is clipped at
-    ``rho_thresh``, and ``vs_next`` is the true next value wherever ``done``."""
+    ``rho_thresh``, and ``vs_next`` is the true next value wherever ``done``.
+
+    Args:
+        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
+            step or per row), on any device (moved to the data's).
+        log_pi: the target policy's log-probability of the taken action, the shape of ``reward``.
+        log_mu: the behaviour policy's log-probability of the taken action, the shape of ``reward``.
+        state_value: ``V(s_t)``, the shape of ``reward``; cast to ``next_state_value``'s dtype.
+        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
+            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
+            output's, and the other float inputs are cast to it.
+        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
+        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
+            truncated), so the trace stops there.
+        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
+            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
+        rho_thresh: the clip of the importance ratio ``rho`` (TD errors and policy-gradient
+            advantages): a number > 0, or a one-element tensor, read at every call (a host
+            synchronisation on CUDA; ``NotImplementedError`` for more elements).
+        c_thresh: the clip of the trace ratio ``c``, as ``rho_thresh``.
+        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
+            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
+    """
     if not (next_state_value.shape == state_value.shape == reward.shape == done.shape):
         raise RuntimeError(SHAPE_ERR)
     _check_flag(done, "done")
