@@ -6,8 +6,10 @@ shared argument's text is written once, in ``ARGS``; :func:`documented` appends 
 docstring an ``Args:`` section (Google style) with one entry per parameter, in signature order,
 taking the text given to the decorator or else ``ARGS``'s. A parameter without a text, or a text
 for no parameter, raises at import, so the docstrings cannot fall behind the signatures.
-``help()`` shows the built docstring; the API reference (docs/api.md) reads it through the Griffe
-extension docs/_griffe/plain_formulas.py. What each argument means: docs/semantics.md.
+Families of functions with arguments of their own (a framework's drop-ins) pass their table to
+the decorator. ``help()`` shows the built docstring; the API reference (docs/api.md) reads it
+through the Griffe extension docs/_griffe/plain_formulas.py. What each argument means:
+docs/semantics.md.
 """
 
 from __future__ import annotations
@@ -114,9 +116,11 @@ GAMMA_X = ("the discount, in [0, 1]: a Python number, or a float tensor of any f
            "and exactly for float64 data.")
 
 
-def documented(**texts):
+def documented(*tables: dict, **texts):
     """Append to the function's docstring an ``Args:`` section of its parameters in signature
-    order, with the ``texts`` given here and ``ARGS``'s for the others."""
+    order: each parameter's text is the one given here by name, else the first of ``tables``
+    (dicts of texts by parameter name, for a family of functions such as a framework's) that has
+    one, else ``ARGS``'s."""
 
     def build(fn):
         params = list(inspect.signature(fn).parameters)
@@ -125,7 +129,7 @@ def documented(**texts):
             raise TypeError(f"{fn.__qualname__} has no parameter {', '.join(unknown)}")
         lines = ["Args:"]
         for name in params:
-            text = texts.get(name, ARGS.get(name))
+            text = next((t[name] for t in (texts, *tables, ARGS) if name in t), None)
             if text is None:
                 raise TypeError(f"{fn.__qualname__}: no text for its argument {name}")
             lines += textwrap.wrap(f"{name}: {text}", 100, initial_indent="    ", subsequent_indent="        ",

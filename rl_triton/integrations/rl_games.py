@@ -145,11 +145,26 @@ discount_values.__doc__ = """rl_games' ``A2CBase.discount_values`` as one fused 
 ``[T, N, K]``.
 
 delta[t] = r[t] + gamma * (1 - d[t]) * V[t+1] - V[t], A[t] = delta[t] + gamma * tau * (1 - d[t]) *
-A[t+1], with d[t] = mb_fdones[t+1], d[T-1] = fdones, V[T] = last_extrinsic_values, A[T] = 0."""
+A[t+1], with d[t] = mb_fdones[t+1], d[T-1] = fdones, V[T] = last_extrinsic_values, A[T] = 0.
+
+Args:
+    self: the agent (an ``A2CBase``), whose ``gamma``, ``tau`` and ``horizon_length`` it reads.
+    *args: rl_games' positional arguments, ``(fdones, last_extrinsic_values, mb_fdones,
+        mb_extrinsic_values, mb_rewards)``: ``fdones`` ``[N]``, the done flags after the last step;
+        ``last_extrinsic_values`` ``[N, K]``, V(s_T); ``mb_fdones`` ``[T, N]``, the done flag stored
+        with each observation (that of the step before); ``mb_extrinsic_values`` and
+        ``mb_rewards`` ``[T, N, K]`` (``K`` value heads). Other forms take rl_games' own loop.
+"""
 discount_values_masks = _fused("discount_values_masks")
 discount_values_masks.__doc__ = """rl_games' ``A2CBase.discount_values_masks`` as one fused scan:
 A[t] = m[t] * (delta[t] + gamma * tau * (1 - d[t]) * A[t+1]), ``discount_values``' recurrence with
-the step mask ``mb_masks`` ``[T, N]``."""
+the step mask ``mb_masks`` ``[T, N]``.
+
+Args:
+    self: the agent (an ``A2CBase``), whose ``gamma``, ``tau`` and ``horizon_length`` it reads.
+    *args: ``discount_values``' five arguments, then ``mb_masks`` ``[T, N]`` (nonzero: the step
+        counts; a masked step's advantage is 0 and nothing flows through it to the step before).
+"""
 
 
 class FusedDiscount:
@@ -176,7 +191,12 @@ def __getattr__(name: str):
 def register(runner) -> None:
     """Make ``runner`` (an ``rl_games.torch_runner.Runner``) build ``A2CAgent`` and
     ``DiscreteA2CAgent`` for the algorithm names ``a2c_continuous`` and ``a2c_discrete``; its
-    players and other algorithms stay as they are."""
+    players and other algorithms stay as they are.
+
+    Args:
+        runner: an rl_games ``Runner``, changed in place (``TypeError`` for an object without an
+            ``algo_factory``).
+    """
     factory = getattr(runner, "algo_factory", None)
     if factory is None or not callable(getattr(factory, "register_builder", None)):
         raise TypeError(f"runner must be an rl_games Runner (with an algo_factory), got {type(runner).__name__}")

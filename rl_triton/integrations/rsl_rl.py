@@ -82,7 +82,13 @@ def _fused(storage, last_values: torch.Tensor, gamma, lam, normalize: bool) -> N
 
 def compute_returns(self, obs) -> None:
     """``PPO.compute_returns`` (rsl-rl-lib 3.2 on) with the loop and the normalisation as one
-    fused call; see the module docstring."""
+    fused call; see the module docstring.
+
+    Args:
+        self: rsl_rl's ``PPO``, whose ``storage`` it reads and writes.
+        obs: the observations after the rollout's last step, from which the critic gives the
+            bootstrap value V(s_T), as rsl_rl's method does.
+    """
     if STORAGE_LAYOUT or not _mapped(self.storage):  # up to 3.1 PPO's part, then the storage's method
         return _RslPPO.__dict__["compute_returns"](self, obs)
     if _HAS_CRITIC:
@@ -96,7 +102,18 @@ def compute_returns(self, obs) -> None:
 
 
 def storage_compute_returns(self, last_values, gamma, lam, normalize_advantage: bool = True) -> None:
-    """``RolloutStorage.compute_returns`` (rsl-rl-lib up to 3.1) as one fused call."""
+    """``RolloutStorage.compute_returns`` (rsl-rl-lib up to 3.1) as one fused call.
+
+    Args:
+        self: rsl_rl's ``RolloutStorage``; ``returns`` is written in place and ``advantages``
+            rebound to a new tensor.
+        last_values: V(s_T) after the rollout's last step, ``[N, 1]`` as the storage's values
+            (cast to their dtype); a value that is not a tensor goes to rsl_rl's method.
+        gamma: the discount, a number in [0, 1].
+        lam: the GAE lambda, a number in [0, 1].
+        normalize_advantage: whether to normalise the advantages over the whole batch,
+            ``(A - A.mean()) / (A.std() + 1e-8)``.
+    """
     if not _mapped(self) or not isinstance(last_values, torch.Tensor):
         return _ORIGINAL(self, last_values, gamma, lam, normalize_advantage)
     _fused(self, last_values, gamma, lam, normalize_advantage)

@@ -183,12 +183,8 @@ def patched(device: str = "cpu", gpu_min_elements: int | None = None):
     ``patch()``) lets go. The settings are the latest holder's (see ``patch()``).
 
     Args:
-        device: "cpu" (default), "cuda"/"cuda:N", or "auto" (the GPU for buffers of at least
-            ``gpu_min_elements`` steps, where CUDA is available); a device that this torch cannot
-            use raises ``ValueError`` here.
-        gpu_min_elements: with ``device="auto"``, the smallest buffer (``n_steps * n_envs``) that
-            goes to the GPU: an int >= 0 (``ValueError`` otherwise). None keeps the value in
-            effect (default 65,536).
+        device: as for ``patch()``.
+        gpu_min_elements: as for ``patch()``.
     """
     return _state.patched(_settings_of(device, gpu_min_elements))
 

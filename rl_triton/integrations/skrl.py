@@ -44,6 +44,7 @@ import threading
 import torch
 
 from .. import gae, masked_whiten
+from ..core.docstrings import documented
 from ._patching import PatchState, error_of
 
 # the agent classes (AGENTS) are module attributes made on first access, not listed here
@@ -151,7 +152,29 @@ def _raises_as_skrl(recurrent: bool):
     return wrap
 
 
+# the arguments of skrl's two signatures (all keyword-only, as skrl's)
+_ARGS = {
+    "rewards": ("``r[t]``, a float tensor, time-major ``(memory_size, num_envs, 1)`` as skrl's memories hold it; "
+                "the outputs have its shape and dtype."),
+    "terminated": ("``terminated[t]``: the episode ended after step t at a terminal state (no bootstrap, and the "
+                   "trace stops); bool flags of the rewards' shape."),
+    "truncated": ("``truncated[t]``: the episode was cut after step t; it ends the trace and the bootstrap only "
+                  "with ``time_limit_bootstrap``; bool flags of the rewards' shape."),
+    "values": "``V[t]``, the rewards' shape; cast to their dtype.",
+    "discount_factor": "gamma, the discount, a number in [0, 1].",
+    "lambda_coefficient": "lambda, the GAE lambda, a number in [0, 1].",
+}
+
+
 @_raises_as_skrl(recurrent=False)
+@documented(
+    _ARGS,
+    last_values=("``V[T]``, the value of the observation after the window, ``(num_envs, 1)``; cast to the "
+                 "rewards' dtype."),
+    time_limit_bootstrap=("a bool: True makes ``d[t] = terminated[t] | truncated[t]``, False ``d[t] = "
+                          "terminated[t]`` (a truncation then cuts neither the trace nor the bootstrap), as in "
+                          "skrl's loop."),
+)
 def compute_gae(*, rewards: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor, values: torch.Tensor,
                 last_values: torch.Tensor, discount_factor: float = 0.99, lambda_coefficient: float = 0.95,
                 time_limit_bootstrap: bool = False):
@@ -167,6 +190,8 @@ def compute_gae(*, rewards: torch.Tensor, terminated: torch.Tensor, truncated: t
 
 
 @_raises_as_skrl(recurrent=True)
+@documented(_ARGS, next_values="``V[T]``, the value after the window's last step, ``(num_envs, 1)``, as "
+                               "``last_values`` of ``compute_gae``.")
 def compute_gae_rnn(*, rewards: torch.Tensor, terminated: torch.Tensor, values: torch.Tensor,
                     next_values: torch.Tensor, discount_factor: float = 0.99, lambda_coefficient: float = 0.95):
     """skrl's ``compute_gae`` of the recurrent agents (``*_rnn`` modules) as one fused scan:

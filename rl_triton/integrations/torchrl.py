@@ -52,6 +52,7 @@ from torchrl.objectives.value import functional as _fn
 from .. import td_lambda_return as _rt_td_lambda_return
 from .. import gae as _rt_gae
 from .. import vtrace as _rt_vtrace
+from ..core.docstrings import documented
 from ._patching import PatchState, error_of
 
 __all__ = [
@@ -236,6 +237,44 @@ def _td_lambda_impl(gamma, lmbda, next_state_value, reward, done, terminated, ro
 # functionals: TorchRL 0.14.1 signatures
 # ---------------------------------------------------------------------------------------------
 
+# the functionals' arguments (TorchRL's names and layout)
+_ARGS = {
+    "gamma": ("the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per step or per "
+              "row), on any device (moved to the data's)."),
+    "lmbda": "lambda in [0, 1]: a number or a tensor, as ``gamma``.",
+    "state_value": "``V(s_t)``, the shape of ``reward``; cast to ``next_state_value``'s dtype.",
+    "next_state_value": (
+        "``V(s_{t+1})`` of each step's true successor (the final observation's value at a truncation), "
+        "``[*B, T, F]`` with time at ``time_dim``; the output has its dtype, and the other float inputs are "
+        "cast to it."),
+    "reward": "``r[t]``, the shape of ``next_state_value``; cast to its dtype.",
+    "done": ("a ``torch.bool`` tensor of ``reward``'s shape (TypeError for another dtype): the episode ends after "
+             "step t (terminated or truncated), so the trace stops there."),
+    "terminated": ("a ``torch.bool`` tensor of ``reward``'s shape: ``s_{t+1}`` is terminal, so step t does not "
+                   "bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination)."),
+    "rolling_gamma": (
+        "None or True: each step's ``gamma`` and ``lmbda`` discount that step. False: the return from step k "
+        "uses step k's ``gamma`` and ``lmbda`` at every later step of the window, which needs a per-step "
+        "``gamma`` or ``lmbda`` tensor (RuntimeError otherwise); the ``vec_*`` functions take it only with "
+        "scalar discounts (where it changes nothing) and raise ``NotImplementedError`` otherwise, as "
+        "TorchRL's do."),
+    "time_dim": ("the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved by TorchRL's "
+                 "own ``_transpose_time``, so its layout rules and errors hold."),
+    "log_pi": "the target policy's log-probability of the taken action, the shape of ``reward``.",
+    "log_mu": "the behaviour policy's log-probability of the taken action, the shape of ``reward``.",
+    "rho_thresh": (
+        "the clip of the importance ratio ``rho`` (in the TD errors and the policy-gradient advantages): a "
+        "number > 0, or a one-element tensor, read at every call (a host synchronisation on CUDA; "
+        "``NotImplementedError`` for more elements)."),
+    "c_thresh": "the clip of the trace ratio ``c``, as ``rho_thresh``.",
+}
+_TD1_ROLLING = (
+    "None or True: each step's ``gamma`` discounts that step. False: the return from step k uses step k's "
+    "``gamma`` at every later step of the window, which needs a per-step ``gamma`` tensor (RuntimeError "
+    "otherwise); ``vec_td1_return_estimate`` takes it only with a scalar ``gamma`` (where it changes nothing) "
+    "and raises ``NotImplementedError`` otherwise, as TorchRL's does.")
+
+
 def _raises_as_torchrl(ours):
     """Where the drop-in ``ours`` raises, raise what TorchRL's function of the same name raises on
     the same arguments: its exception, type and message word for word (TorchRL's own tests and
@@ -258,85 +297,36 @@ def _raises_as_torchrl(ours):
 
 @_raises_as_torchrl
 @_transpose_time
+@documented(_ARGS)
 def generalized_advantage_estimate(
     gamma, lmbda, state_value, next_state_value, reward, done, terminated=None, *, time_dim=-2
 ):
     """Drop-in for ``torchrl.objectives.value.functional.generalized_advantage_estimate``:
     returns ``(advantage, value_target)``, one fused scan.
-
-    Args:
-        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
-            step or per row), on any device (moved to the data's).
-        lmbda: the GAE lambda in [0, 1], a number or a tensor as ``gamma``.
-        state_value: ``V(s_t)``, the shape of ``reward``; cast to ``next_state_value``'s dtype.
-        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
-            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
-            output's, and the other float inputs are cast to it.
-        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
-        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
-            truncated), so the trace stops there.
-        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
-            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
-        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
-            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
     """
     return _gae_impl(gamma, lmbda, state_value, next_state_value, reward, done, terminated)
 
 
 @_raises_as_torchrl
 @_transpose_time
+@documented(_ARGS)
 def vec_generalized_advantage_estimate(
     gamma, lmbda, state_value, next_state_value, reward, done, terminated=None, *, time_dim=-2
 ):
     """Drop-in for TorchRL's ``vec_generalized_advantage_estimate``; exact (no filter truncation),
     no host synchronisation, and ``gamma*lmbda == 0`` works. Returns ``(advantage, value_target)``.
-
-    Args:
-        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
-            step or per row), on any device (moved to the data's).
-        lmbda: the GAE lambda in [0, 1], a number or a tensor as ``gamma``.
-        state_value: ``V(s_t)``, the shape of ``reward``; cast to ``next_state_value``'s dtype.
-        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
-            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
-            output's, and the other float inputs are cast to it.
-        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
-        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
-            truncated), so the trace stops there.
-        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
-            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
-        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
-            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
     """
     return _gae_impl(gamma, lmbda, state_value, next_state_value, reward, done, terminated)
 
 
 @_raises_as_torchrl
 @_transpose_time
+@documented(_ARGS)
 def td_lambda_return_estimate(
     gamma, lmbda, next_state_value, reward, done, terminated=None, rolling_gamma=None, *, time_dim=-2
 ):
     """Drop-in for TorchRL's ``td_lambda_return_estimate``, ``rolling_gamma=False`` included:
     returns the TD(lambda) return.
-
-    Args:
-        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
-            step or per row), on any device (moved to the data's).
-        lmbda: the TD(lambda) mixing parameter in [0, 1], a number or a tensor as ``gamma``.
-        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
-            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
-            output's, and the other float inputs are cast to it.
-        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
-        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
-            truncated), so the trace stops there.
-        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
-            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
-        rolling_gamma: None or True: each step's ``gamma``/``lmbda`` discounts that step only. False
-            (TorchRL's other convention): the return from step k uses step k's ``gamma`` and ``lmbda``
-            for every later step of the window; it needs a per-step ``gamma`` (or, TD(lambda), a
-            per-step ``gamma`` or ``lmbda``) tensor (RuntimeError otherwise), and the ``vec_*``
-            functions raise ``NotImplementedError`` for it with per-step discounts, as TorchRL's do.
-        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
-            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
     """
     return _td_lambda_impl(gamma, lmbda, next_state_value, reward, done, terminated, rolling_gamma,
                            td1=False, vec=False)
@@ -344,32 +334,13 @@ def td_lambda_return_estimate(
 
 @_raises_as_torchrl
 @_transpose_time
+@documented(_ARGS)
 def vec_td_lambda_return_estimate(
     gamma, lmbda, next_state_value, reward, done, terminated=None, rolling_gamma=None, *, time_dim=-2
 ):
     """Drop-in for TorchRL's ``vec_td_lambda_return_estimate`` (exact; ``rolling_gamma=False``
     with per-step discounts raises ``NotImplementedError`` as TorchRL's does: use
     ``td_lambda_return_estimate``). Returns the TD(lambda) return.
-
-    Args:
-        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
-            step or per row), on any device (moved to the data's).
-        lmbda: the TD(lambda) mixing parameter in [0, 1], a number or a tensor as ``gamma``.
-        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
-            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
-            output's, and the other float inputs are cast to it.
-        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
-        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
-            truncated), so the trace stops there.
-        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
-            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
-        rolling_gamma: None or True: each step's ``gamma``/``lmbda`` discounts that step only. False
-            (TorchRL's other convention): the return from step k uses step k's ``gamma`` and ``lmbda``
-            for every later step of the window; it needs a per-step ``gamma`` (or, TD(lambda), a
-            per-step ``gamma`` or ``lmbda``) tensor (RuntimeError otherwise), and the ``vec_*``
-            functions raise ``NotImplementedError`` for it with per-step discounts, as TorchRL's do.
-        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
-            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
     """
     return _td_lambda_impl(gamma, lmbda, next_state_value, reward, done, terminated, rolling_gamma,
                            td1=False, vec=True)
@@ -377,30 +348,12 @@ def vec_td_lambda_return_estimate(
 
 @_raises_as_torchrl
 @_transpose_time
+@documented(_ARGS, rolling_gamma=_TD1_ROLLING)
 def td1_return_estimate(
     gamma, next_state_value, reward, done, terminated=None, rolling_gamma=None, *, time_dim=-2
 ):
     """Drop-in for TorchRL's ``td1_return_estimate``, ``rolling_gamma=False`` included: returns
     the TD(1) return.
-
-    Args:
-        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
-            step or per row), on any device (moved to the data's).
-        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
-            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
-            output's, and the other float inputs are cast to it.
-        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
-        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
-            truncated), so the trace stops there.
-        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
-            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
-        rolling_gamma: None or True: each step's ``gamma`` discounts that step only. False
-            (TorchRL's other convention): the return from step k uses step k's ``gamma`` for every
-            later step of the window; it needs a per-step ``gamma`` tensor (RuntimeError
-            otherwise), and ``vec_td1_return_estimate`` raises ``NotImplementedError`` for it with
-            a per-step ``gamma``, as TorchRL's does.
-        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
-            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
     """
     return _td_lambda_impl(gamma, 1.0, next_state_value, reward, done, terminated, rolling_gamma,
                            td1=True, vec=False)
@@ -408,30 +361,12 @@ def td1_return_estimate(
 
 @_raises_as_torchrl
 @_transpose_time
+@documented(_ARGS, rolling_gamma=_TD1_ROLLING)
 def vec_td1_return_estimate(
     gamma, next_state_value, reward, done, terminated=None, rolling_gamma=None, time_dim=-2
 ):
     """Drop-in for TorchRL's ``vec_td1_return_estimate`` (``time_dim`` is positional-or-keyword
     there too): returns the TD(1) return.
-
-    Args:
-        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
-            step or per row), on any device (moved to the data's).
-        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
-            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
-            output's, and the other float inputs are cast to it.
-        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
-        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
-            truncated), so the trace stops there.
-        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
-            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
-        rolling_gamma: None or True: each step's ``gamma`` discounts that step only. False
-            (TorchRL's other convention): the return from step k uses step k's ``gamma`` for every
-            later step of the window; it needs a per-step ``gamma`` tensor (RuntimeError
-            otherwise), and ``vec_td1_return_estimate`` raises ``NotImplementedError`` for it with
-            a per-step ``gamma``, as TorchRL's does.
-        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
-            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
     """
     return _td_lambda_impl(gamma, 1.0, next_state_value, reward, done, terminated, rolling_gamma,
                            td1=True, vec=True)
@@ -439,6 +374,7 @@ def vec_td1_return_estimate(
 
 @_raises_as_torchrl
 @_transpose_time
+@documented(_ARGS)
 def vtrace_advantage_estimate(
     gamma, log_pi, log_mu, state_value, next_state_value, reward, done, terminated=None,
     rho_thresh=1.0, c_thresh=1.0, time_dim=-2,
@@ -447,27 +383,6 @@ def vtrace_advantage_estimate(
 
     As in 0.14.1: ``c = min(ratio, c_thresh)`` (no lambda), the policy-gradient rho is clipped at
     ``rho_thresh``, and ``vs_next`` is the true next value wherever ``done``.
-
-    Args:
-        gamma: the discount in [0, 1]: a number, or a tensor broadcastable to ``reward``'s shape (per
-            step or per row), on any device (moved to the data's).
-        log_pi: the target policy's log-probability of the taken action, the shape of ``reward``.
-        log_mu: the behaviour policy's log-probability of the taken action, the shape of ``reward``.
-        state_value: ``V(s_t)``, the shape of ``reward``; cast to ``next_state_value``'s dtype.
-        next_state_value: ``V(s_{t+1})`` of each step's true successor (the final observation's
-            value at a truncation), ``[*B, T, F]`` with time at ``time_dim``; its dtype is the
-            output's, and the other float inputs are cast to it.
-        reward: ``r[t]``, the shape of ``next_state_value``; cast to its dtype.
-        done: ``torch.bool``, the shape of ``reward``: the episode ends after step t (terminated or
-            truncated), so the trace stops there.
-        terminated: ``torch.bool``, the shape of ``reward``: ``s_{t+1}`` is terminal, so step t does
-            not bootstrap from ``next_state_value[t]``. None: ``done`` (every end a termination).
-        rho_thresh: the clip of the importance ratio ``rho`` (TD errors and policy-gradient
-            advantages): a number > 0, or a one-element tensor, read at every call (a host
-            synchronisation on CUDA; ``NotImplementedError`` for more elements).
-        c_thresh: the clip of the trace ratio ``c``, as ``rho_thresh``.
-        time_dim: the time dimension of every tensor (default -2, TorchRL's ``[*B, T, F]``), moved
-            by TorchRL's own ``_transpose_time``, so its layout rules and errors hold.
     """
     if not (next_state_value.shape == state_value.shape == reward.shape == done.shape):
         raise RuntimeError(SHAPE_ERR)
