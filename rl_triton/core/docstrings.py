@@ -123,16 +123,17 @@ def documented(*tables: dict, **texts):
     one, else ``ARGS``'s."""
 
     def build(fn):
-        params = list(inspect.signature(fn).parameters)
+        params = inspect.signature(fn).parameters
         unknown = sorted(set(texts) - set(params))
         if unknown:
             raise TypeError(f"{fn.__qualname__} has no parameter {', '.join(unknown)}")
         lines = ["Args:"]
-        for name in params:
+        for name, param in params.items():
             text = next((t[name] for t in (texts, *tables, ARGS) if name in t), None)
             if text is None:
                 raise TypeError(f"{fn.__qualname__}: no text for its argument {name}")
-            lines += textwrap.wrap(f"{name}: {text}", 100, initial_indent="    ", subsequent_indent="        ",
+            stars = {param.VAR_POSITIONAL: "*", param.VAR_KEYWORD: "**"}.get(param.kind, "")
+            lines += textwrap.wrap(f"{stars}{name}: {text}", 100, initial_indent="    ", subsequent_indent="        ",
                                    break_long_words=False, break_on_hyphens=False)
         fn.__doc__ = inspect.cleandoc(fn.__doc__ or "") + "\n\n" + "\n".join(lines) + "\n"
         return fn

@@ -67,13 +67,20 @@ def _check_mask(action_mask, like: torch.Tensor):
 def get_advantages_and_returns(values, rewards, action_mask, gamma, lambd):
     """``RemoteExperienceMaker.get_advantages_and_returns`` as one fused scan.
 
-    ``values``, ``rewards``: ``(batch, num_actions)``; ``action_mask``: the same shape (0/1,
-    bool or integer) or None; ``gamma``, ``lambd``: ``args.algo.advantage.gamma`` / ``.lambd``.
     With m = action_mask (1 where None), r' = m * r and V' = m * V:
 
         A[t] = r'[t] + gamma * V'[t+1] - V'[t] + gamma * lambd * A[t+1],  V'[T] = A[T] = 0
 
-    Returns ``(advantages, returns = A + V')`` in the promoted dtype of values and rewards.
+    Returns ``(advantages, returns = A + V')`` in the promoted dtype of values and rewards (and
+    of a float mask, which OpenRLHF multiplies by).
+
+    Args:
+        values: ``V[t]``, a ``(batch, num_actions)`` float tensor.
+        rewards: ``r[t]``, a float tensor of the values' shape.
+        action_mask: a tensor of the rewards' shape (0/1: bool, integer or float), nonzero on the
+            action tokens; None: every token counts.
+        gamma: the discount (``args.algo.advantage.gamma``), a number or a tensor in [0, 1].
+        lambd: the GAE lambda (``args.algo.advantage.lambd``), a number or a tensor in [0, 1].
     """
     _check_tensor(values, "values")
     _check_tensor(rewards, "rewards")
@@ -94,10 +101,15 @@ def get_cumulative_returns(rewards, action_mask, gamma):
     """``RemoteExperienceMaker.get_cumulative_returns`` (REINFORCE and its baselines) as one
     fused scan.
 
-    ``rewards``: ``(batch, num_actions)``; ``action_mask``: the same shape (0/1) or None.
     G[t] = m[t] * r[t] + gamma * G[t+1], G[T] = 0 (m = 1 where None): the discounted sum of the
     masked rewards to the end of the row. Returns a tensor of the rewards' dtype and device,
     accumulated in float32 for 16-bit rewards (as OpenRLHF's float32 running sum).
+
+    Args:
+        rewards: ``r[t]``, a ``(batch, num_actions)`` float tensor.
+        action_mask: a tensor of the rewards' shape (0/1), nonzero on the action tokens; None:
+            every token counts.
+        gamma: the discount, a number or a tensor in [0, 1].
     """
     _check_tensor(rewards, "rewards")
     mask = _check_mask(action_mask, rewards)
@@ -123,10 +135,8 @@ def normalize_advantages(advantages, action_masks, *, no_std=False, group=None):
     """OpenRLHF's normalisation of the advantages across all experiences of a step (estimators
     gae, reinforce, reinforce_baseline).
 
-    ``advantages``: one tensor, or a list with one per experience (any shapes); ``action_masks``:
-    the same structure, each mask of its advantages' shape (0/1, bool or integer). Over the valid
-    tokens of all of them together (of every rank of ``group``, a ``torch.distributed``
-    ProcessGroup, where given):
+    Over the valid tokens of all the experiences together (of every rank of ``group``, where
+    given):
 
         mean = sum(a[valid]) / n,  var = sum((a[valid] - mean)**2) / n      (biased)
         rstd = 1 / sqrt(max(var, 1e-8)),  or 1 with no_std (``--algo.advantage.no_std_norm``)
@@ -135,6 +145,14 @@ def normalize_advantages(advantages, action_masks, *, no_std=False, group=None):
     Returns the same structure: a tensor, or a list of tensors of the inputs' shapes and dtypes.
     The statistics accumulate in float32 (OpenRLHF's ``.float()``), in float64 for float64
     advantages. No host synchronisation: no valid token gives NaN, as OpenRLHF's 0/0.
+
+    Args:
+        advantages: one float tensor, or a list with one per experience (any shapes).
+        action_masks: the same structure as ``advantages``, each mask of its advantages' shape
+            (0/1, bool or integer), nonzero on the valid tokens.
+        no_std: a bool: True centres only (``rstd = 1``), as ``--algo.advantage.no_std_norm``.
+        group: a ``torch.distributed`` ProcessGroup over whose ranks the statistics are taken,
+            each rank passing its own experiences; None: this process alone.
     """
     if not isinstance(no_std, bool):
         raise TypeError(f"no_std must be a bool, got {type(no_std).__name__}")

@@ -108,8 +108,26 @@ def compute_puff_advantage(values, rewards, terminals, ratio, advantages, gamma,
     rho = min(ratio[t], vtrace_rho_clip), c = min(ratio[t], vtrace_c_clip),
     delta = rho*(rewards[t+1] + gamma*values[t+1]*(1-terminals[t+1]) - values[t]),
     A[t] = delta + gamma*gae_lambda*c*(1-terminals[t+1])*A[t+1], A[horizon-1] = 0;
-    ``advantages[:, -1]`` is left as it was unless ``write_last`` (None: the setting of the
-    ``patch()``/``patched()`` in effect, else False).
+    ``advantages[:, -1]`` is left as it was unless ``write_last``. A bad argument raises
+    ``InputError`` or ``DtypeError`` (``RuntimeError`` both, as PufferLib's op raises).
+
+    Args:
+        values: ``values[t]``, V of observation t: a ``[segments, horizon]`` float32, bfloat16 or
+            float64 tensor; every tensor has its shape and device.
+        rewards: the reward that arrived with observation t (the step from observation t reads
+            ``rewards[t+1]``), the values' dtype.
+        terminals: the done flag that arrived with observation t (any real dtype, true where
+            nonzero): the step from observation t ends its episode where ``terminals[t+1]``.
+        ratio: the importance ratio of the action taken at observation t, the values' dtype.
+        advantages: the output, written in place: the values' dtype, or float32 for bfloat16
+            inputs.
+        gamma: the discount, a number in [0, 1].
+        gae_lambda: the GAE lambda, a number in [0, 1].
+        vtrace_rho_clip: the clip of ``rho``, a number > 0.
+        vtrace_c_clip: the clip of ``c``, a number > 0.
+        write_last: a bool: True writes 0 into the last column of ``advantages``, False leaves it
+            as PufferLib does. None: the setting of the ``patch()``/``patched()`` in effect, else
+            False.
     """
     tensors = (values, rewards, terminals, ratio, advantages)
     _check(tensors)
@@ -183,9 +201,14 @@ def patch(write_last: bool = False) -> None:
     extension does not load); ``ImportError`` where PufferLib is not installed. Idempotent;
     calling again only updates the settings. Thread-safe.
 
-    ``write_last``: write 0 into the last column of ``advantages`` (default: leave it, as
-    PufferLib does). The patch is shared with ``patched()`` blocks, which may be open in other
-    threads; the settings of the latest holder apply."""
+    The patch is shared with ``patched()`` blocks, which may be open in other threads; the
+    settings of the latest holder apply.
+
+    Args:
+        write_last: a bool: the patched function writes 0 into the last column of
+            ``advantages`` (default False: it leaves it, as PufferLib does); ``TypeError`` for
+            another type.
+    """
     settings = _settings_of(write_last)
     _pufferl()
     _state.patch(settings)
@@ -206,7 +229,11 @@ def is_patched() -> bool:
 def patched(write_last: bool = False):
     """``with patched(): ...``: PufferLib is patched for the block, with these settings, and the
     block's hold on the patch ends with it. Blocks nest, also across threads: PufferLib's own
-    function comes back when the last holder (block or ``patch()``) lets go."""
+    function comes back when the last holder (block or ``patch()``) lets go.
+
+    Args:
+        write_last: as for ``patch()``.
+    """
     settings = _settings_of(write_last)
     _pufferl()
     return _state.patched(settings)

@@ -57,22 +57,30 @@ def _padding(mask, rewards, name: str) -> torch.Tensor:
 def compute_advantages(rewards, values, padding_mask, gamma, lam, *, padding_mask_p1=None):
     """TRL's step "6. compute advantages and returns" as one fused scan and one whitening.
 
-    ``rewards``, ``values``: ``(batch, response_length)``, as TRL holds them at that point
-    (``values`` already 0 past ``padding_mask_p1``); ``padding_mask``: bool, True on the padding
-    tokens after each response's last token; ``gamma``, ``lam``: ``args.gamma``, ``args.lam``.
-
         A[t] = r[t] + gamma * V[t+1] - V[t] + gamma * lam * A[t+1],  V[T] = A[T] = 0
         returns    = A + values
         advantages = whiten(A) over ~padding_mask (mean, unbiased var, rsqrt(var + 1e-8)),
                      then 0 where padding_mask
 
-    ``padding_mask_p1`` (optional): where given, rewards and values past it are read as 0
-    first, for values that have not been filled yet; TRL has filled them, so in its trainer
-    passing it changes nothing. Returns ``(advantages, returns)``, new tensors in the promoted
-    dtype of rewards and values (the dtype TRL's loop gives). The scan accumulates in float32
-    (float64 for float64), so bf16 inputs are rounded once, not at every step as in the loop.
-    No host synchronisation: a batch with no response token at all gives advantages that are
-    all 0 (TRL's ``masked_var`` raises there), one with a single token NaN at that token (as TRL).
+    Returns ``(advantages, returns)``, new tensors in the promoted dtype of rewards and values
+    (the dtype TRL's loop gives). The scan accumulates in float32 (float64 for float64), so bf16
+    inputs are rounded once, not at every step as in the loop. No host synchronisation: a batch
+    with no response token at all gives advantages that are all 0 (TRL's ``masked_var`` raises
+    there), one with a single token NaN at that token (as TRL).
+
+    Args:
+        rewards: ``(batch, response_length)`` float tensor, as TRL holds it at that point (the KL
+            rewards plus the score, 0 past each response).
+        values: ``V[t]``, a float tensor of the rewards' shape (TRL's, already 0 past
+            ``padding_mask_p1``).
+        padding_mask: a bool (or integer) tensor of the rewards' shape and device, true on the
+            padding tokens after each response's last token: the whitening leaves them out and
+            their advantages are 0.
+        gamma: the discount (``args.gamma``), a number or a tensor in [0, 1].
+        lam: the GAE lambda (``args.lam``), a number or a tensor in [0, 1].
+        padding_mask_p1: optional, as ``padding_mask`` but true from one token later: where given,
+            rewards and values there are read as 0 first, for values that have not been filled
+            yet (TRL has filled them, so in its trainer passing it changes nothing).
     """
     _check_pair(rewards, values, "rewards", "values")
     padding = _padding(padding_mask, rewards, "padding_mask")
@@ -95,6 +103,11 @@ def whiten_rewards(rewards, padding_mask_p1):
     (``~padding_mask_p1``: mean and unbiased variance, ``rsqrt(var + 1e-8)``) with the mean kept
     (``shift_mean=False``), then 0 where ``padding_mask_p1``:
     ``y = (r - mean) * rsqrt(var + 1e-8) + mean``. Returns a new tensor of the rewards' dtype.
+
+    Args:
+        rewards: ``(batch, response_length)`` float tensor.
+        padding_mask_p1: a bool (or integer) tensor of the rewards' shape and device, true from
+            one token past each response's end: left out of the statistics and set to 0.
     """
     if not isinstance(rewards, torch.Tensor):
         raise TypeError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")

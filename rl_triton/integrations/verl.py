@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from .. import gae, group_advantages, masked_whiten
+from ..core.docstrings import documented
 from ._patching import PatchState, error_of
 
 __all__ = [
@@ -111,6 +112,23 @@ def _scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
 # the drop-ins: verl 0.9.1 signatures
 # ---------------------------------------------------------------------------------------------
 
+# the drop-ins' arguments (verl's names)
+_ARGS = {
+    "token_level_rewards": ("``[bs, response_length]`` float tensor of per-token rewards, one row per response; "
+                            "an outcome score is its row sum."),
+    "response_mask": ("``[bs, response_length]``, nonzero on the tokens the policy generated: bool, integer or "
+                      "float (0/1); its dtype takes part in the outputs' type promotion, as in verl."),
+    "index": ("one group id per response (verl's ``uid``, the prompt it answers): a numpy array or list of "
+              "hashable ids, or an integer tensor."),
+    "epsilon": "not read here (as in verl).",
+    "config": "not read here (as in verl).",
+    "kwargs": "not read here (as in verl).",
+}
+_GRPO = dict(
+    epsilon="GRPO's ``eps`` in ``(s_i - mean_g) / (std_g + epsilon)``, a number >= 0.",
+    norm_adv_by_std_in_grpo="a bool: True divides by ``std_g + epsilon`` (GRPO), False does not (Dr. GRPO).",
+)
+
 def _verl_function(name: str):
     """verl's own function ``name`` for the error path: the one patch() replaced, else the
     module's attribute while verl's core_algos is imported; None without verl."""
@@ -141,6 +159,12 @@ def _raises_as_verl(ours):
 
 
 @_raises_as_verl
+@documented(
+    _ARGS,
+    values="``V[t]``, ``[bs, response_length]``, a float tensor.",
+    gamma="the discount: a number or a tensor in [0, 1].",
+    lam="the GAE lambda: a number or a tensor in [0, 1].",
+)
 def compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam):
     """verl's PPO GAE over response tokens, whitened: ``(advantages, returns)``.
 
@@ -150,10 +174,8 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
     A = A', at a masked token both carry over; then returns = A + V and the advantages are
     whitened over the valid tokens of the batch: (A - mean) / sqrt(var + 1e-8), var unbiased.
 
-    ``[bs, response_length]`` tensors; the mask may be bool, integer or float (0/1). Computed in
-    the promoted dtype of rewards, values and mask, as verl's loop promotes them. Fewer than two
-    valid tokens in the batch raise ``ValueError``. ``gamma``/``lam``: numbers or tensors in
-    [0, 1].
+    Computed in the promoted dtype of rewards, values and mask, as verl's loop promotes them.
+    Fewer than two valid tokens in the batch raise ``ValueError``.
     """
     with torch.no_grad():
         r = _tensor(token_level_rewards, "token_level_rewards")
@@ -177,6 +199,7 @@ def _grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in
 
 
 @_raises_as_verl
+@documented(_ARGS, **_GRPO)
 def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
                                    norm_adv_by_std_in_grpo=True, config=None):
     """verl's GRPO outcome advantage: ``(advantages, advantages)``, ``[bs, response_length]``.
@@ -185,14 +208,14 @@ def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, ep
     eps=epsilon)``; ``mode="drgrpo"`` when ``norm_adv_by_std_in_grpo`` is false. Per group g of
     responses with the same ``index`` id: A_i = (s_i - mean_g) / (std_g + epsilon) (torch's
     unbiased std), or s_i - mean_g; a group of one has mean 0 and std 1. A_i on the valid tokens of
-    row i, 0 elsewhere. ``index``: a numpy array or list of hashable ids (verl's ``uid``) or an
-    integer tensor. ``config`` is not read (as in verl).
+    row i, 0 elsewhere.
     """
     with torch.no_grad():
         return _grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo)
 
 
 @_raises_as_verl
+@documented(_ARGS, **_GRPO)
 def compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
                                               norm_adv_by_std_in_grpo=True, config=None):
     """verl's vectorized GRPO: the same advantages as :func:`compute_grpo_outcome_advantage`.
@@ -207,13 +230,14 @@ def compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask
 
 
 @_raises_as_verl
+@documented(_ARGS)
 def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None,
                                    **kwargs):
     """verl's RLOO outcome advantage: ``(advantages, advantages)``, ``[bs, response_length]``.
 
     ``rl_triton.group_advantages(token_level_rewards.sum(-1), index, mode="rloo", mask=response_mask)``:
     A_i = s_i - (the mean of the other scores of its group) = n/(n-1) * (s_i - mean_g); a group of
-    one keeps its raw score. ``epsilon``, ``config`` and extra keywords are not read (as in verl).
+    one keeps its raw score.
     """
     with torch.no_grad():
         r = _tensor(token_level_rewards, "token_level_rewards")
@@ -225,6 +249,7 @@ def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, ep
 
 
 @_raises_as_verl
+@documented(_ARGS)
 def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
                                               config=None, **kwargs):
     """verl's vectorized RLOO: as :func:`compute_rloo_outcome_advantage`, except that a group of
@@ -255,6 +280,11 @@ class _MissingConfig(ValueError, AssertionError):
 
 
 @_raises_as_verl
+@documented(
+    _ARGS,
+    config=("verl's algorithm config, whose ``gamma`` (a number in [0, 1]) discounts the return; required "
+            "(``ValueError``, also an ``AssertionError`` as verl's assert)."),
+)
 def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, config=None, **kwargs):
     """verl's REINFORCE++: ``(advantages, returns)``, ``[bs, response_length]``.
 
@@ -263,8 +293,7 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
     tokens, 0 on masked ones, with ``gamma = config.gamma``. That is the skip-masked GAE of zero
     values with lambda 1: ``rl_triton.gae(r, 0, mask=response_mask, gamma=gamma, lmbda=1)``.
     The advantages are ``rl_triton.masked_whiten(returns, response_mask)`` on the valid tokens and
-    0 elsewhere; fewer than two valid tokens raise ``ValueError``. ``config`` is required
-    (``ValueError``, also an ``AssertionError`` as verl's assert).
+    0 elsewhere; fewer than two valid tokens raise ``ValueError``.
     """
     if config is None:
         raise _MissingConfig("config is required: REINFORCE++ reads its discount from config.gamma")
@@ -281,6 +310,7 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
 
 
 @_raises_as_verl
+@documented(_ARGS)
 def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index,
                                                            epsilon=1e-6, config=None, **kwargs):
     """verl's REINFORCE++ with baseline: ``(advantages, advantages)``, ``[bs, response_length]``.
@@ -289,7 +319,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, 
     mode="reinforce_plus_plus_baseline", mask=response_mask)``: a_i = s_i - mean_g (a group of one
     has mean 0), then whitened over the valid tokens of the batch (row i counted once per valid
     token, unbiased variance, + 1e-8), on the valid tokens and 0 elsewhere. Fewer than two valid
-    tokens raise ``ValueError``. ``epsilon``, ``config`` and extra keywords are not read (as in verl).
+    tokens raise ``ValueError``.
     """
     with torch.no_grad():
         r = _tensor(token_level_rewards, "token_level_rewards")
