@@ -6,8 +6,9 @@ escapes every ``*`` outside code (inline code spans, indented and fenced code bl
 formulas render as written.
 
 The functions decorated with ``documented`` (rl_triton/core/docstrings.py) get their Args section
-when the module is imported, which Griffe's reading of the source does not see: for those, the
-docstring is the imported function's.
+when the module is imported, and a module attribute made by a call (rl_games' ``discount_values
+= _fused(...)``) gets its docstring there too, neither of which Griffe's reading of the source
+sees: for those, the docstring is the imported object's.
 """
 
 from __future__ import annotations
@@ -54,8 +55,13 @@ def escape_asterisks(docstring: str) -> str:
 
 
 def _built(obj: griffe.Object) -> bool:
-    """Whether ``documented`` builds the object's docstring at import."""
-    return obj.is_function and any(d.callable_path.split(".")[-1] == "documented" for d in obj.decorators)
+    """Whether the object's docstring is made at import: by ``documented``, or for a public module
+    attribute of the package that a call makes."""
+    if obj.is_function:
+        return any(d.callable_path.split(".")[-1] == "documented" for d in obj.decorators)
+    return (obj.is_attribute and obj.docstring is None and obj.parent is not None and obj.parent.is_module
+            and obj.path.startswith("rl_triton.") and not obj.name.startswith("_")
+            and isinstance(obj.value, griffe.ExprCall))
 
 
 class PlainFormulas(griffe.Extension):
@@ -64,6 +70,13 @@ class PlainFormulas(griffe.Extension):
 
     def on_object(self, *, obj: griffe.Object, **kwargs) -> None:
         if _built(obj):
-            obj.docstring.value = inspect.cleandoc(griffe.dynamic_import(obj.path).__doc__)
+            try:
+                runtime = griffe.dynamic_import(obj.path)
+            except ImportError:
+                if obj.is_function:
+                    raise  # the built Args section would be missing: its module needs its framework
+                runtime = None  # an attribute of a module whose framework is not installed: as read
+            if callable(runtime) and runtime.__doc__:
+                obj.docstring = griffe.Docstring(inspect.cleandoc(runtime.__doc__), parent=obj)
         if obj.docstring is not None:
             obj.docstring.value = escape_asterisks(obj.docstring.value)
