@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import textwrap
 
-_FLAG = ("Bool, integer or float (true where nonzero), broadcastable to the rewards' shape; with value checks "
+FLAG = ("Bool, integer or float (true where nonzero), broadcastable to the rewards' shape; with value checks "
          "on (CPU tensors by default, semantics section 8) it must hold only 0 and 1.")
 
 ARGS = {
@@ -38,17 +38,17 @@ ARGS = {
         "without the time dim (or broadcastable to it), the rewards' dtype. None: 0. Not together with "
         "``next_values``."),
     "terminated": (
-        "``terminated[t]``: ``s_{t+1}`` is terminal, so ``V(s_{t+1})`` counts as 0 and the trace stops after "
-        "step t. With ``done``: the dones that are terminations (None: every done). " + _FLAG
-        + " It must not be set where ``done`` is not (a value check too)."),
+        "``terminated[t]``: ``s_{t+1}`` is terminal, so its value counts as 0 and the trace stops after step "
+        "t. With ``done``: the dones that are terminations (None: every done); with value checks on, one set "
+        "where ``done`` is not is a ValueError. " + FLAG),
     "truncated": (
         "``truncated[t]``: the episode was cut after step t (a time limit); the trace stops, and the step "
         "still bootstraps from ``next_values[t]``, which is then required. Gymnasium style, with "
-        "``terminated``; not together with ``done``. " + _FLAG),
+        "``terminated``; not together with ``done``. " + FLAG),
     "done": (
         "``done[t] = terminated[t] or truncated[t]``: every trace stops after step t (TorchRL style, with "
         "optional ``terminated``; not together with ``truncated``). None: ``terminated | truncated``, each "
-        "missing one all false. " + _FLAG),
+        "missing one all false. " + FLAG),
     "episode_starts": (
         "observation-aligned flags (SB3's ``episode_starts``, CleanRL's ``dones``): ``episode_starts[t]`` marks "
         "observation t as an episode's first, so ``done[t] = episode_starts[t+1]`` and every end is a "

@@ -14,7 +14,7 @@ import torch
 from . import coefficients as C
 from . import inputs, launch, packed, plans, scan, sharded, spec
 from .call import TRUNCATION_HELP, Call
-from .docstrings import FORWARD_DONE, GAMMA_X, OUT_PAIR, documented
+from .docstrings import FLAG, FORWARD_DONE, GAMMA_X, OUT_PAIR, documented
 from .whiten import WHITEN_OPTIONS, check_whiten_options, masked_whiten
 
 
@@ -329,6 +329,9 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
              "``rewards.shape + (A,)`` with the action dim last whatever ``time_dim`` is, the rewards' dtype. "
              "With ``next_q``: ``ev[t] = sum_a next_pi[..., a]*next_q[..., a]``."),
     next_q="``Q(s_{t+1}, a)`` for each action a, as ``next_pi`` and with as many actions.",
+    truncated=("``truncated[t]``: the episode was cut after step t (a time limit); the trace stops, and the "
+               "step still bootstraps from ``ev[t]``. Gymnasium style, with ``terminated``; not together with "
+               "``done``. " + FLAG),
 )
 def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=None, next_q=None,
             terminated=None, truncated=None, done=None, gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1,
@@ -443,9 +446,7 @@ def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None, ou
     ratio=("the importance ratio ``pi/mu`` of the action taken at observation t: the rewards' dtype, "
            "broadcastable to their shape. None: 1 (plain GAE)."),
     done=("``done[t]``, the done flag that arrived with observation t: the step from observation t ends its "
-          "episode where ``done[t+1]``, always as a termination. Bool, integer or float (true where nonzero), "
-          "broadcastable to the rewards' shape; with value checks on it must hold only 0 and 1. None: no "
-          "episode ends."),
+          "episode where ``done[t+1]``, always as a termination. " + FLAG + " None: no episode ends."),
     rho_bar=("the clip of the TD errors' weight, ``rho = min(rho_bar, ratio)``: a Python number > 0; "
              "``float(\"inf\")`` means no clipping."),
     c_bar=("the clip of the trace weight, ``c = min(c_bar, ratio)``: a Python number > 0; ``float(\"inf\")`` "

@@ -78,9 +78,7 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
     """Solve ``y[t] = alpha[t] + beta[t] * y[t+1]`` (``reverse=True``, ``y[T] = initial``) or
     ``y[t] = alpha[t] + beta[t] * y[t-1]`` (``reverse=False``, ``y[-1] = initial``) along ``time_dim``.
 
-    ``alpha`` and ``beta`` broadcast to one shape (``beta`` may be a number); ``initial`` (default 0)
-    has that shape without the time dim. Differentiable in every tensor argument. With
-    ``cu_seqlens``, packed sequences along dim 0 (rl_triton/core/packed.py).
+    Differentiable in every tensor argument. Returns ``y``.
     """
     if group is not None:
         return sharded.run(affine_scan, locals())
