@@ -1,6 +1,7 @@
 """The examples run end to end on a tiny budget, with both GAE variants, and write their outputs."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -27,6 +28,24 @@ def run_example(path, args, cwd, timeout=600) -> str:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert_clean_log(result.stderr, cwd)
     return result.stdout
+
+
+def documented_outputs(script: str, run: str = "") -> set:
+    """The files that docs/index.md's table of outputs says ``script`` (a file name in examples/)
+    writes under --out, its folder ``RUN`` spelt ``run``."""
+    text = open(os.path.join(ROOT, "docs", "index.md")).read()
+    table = text[text.index("| script | files written under `--out` |"):].split("\n\n")[0]
+    (cell,) = re.findall(rf"^\| `examples/{re.escape(script)}` \| (.*) \|$", table, re.M)
+    return {name.replace("RUN", run) for name in re.findall(r"`([\w/]+\.(?:csv|png))`", cell)}
+
+
+def assert_outputs(script: str, out, run: str = "") -> None:
+    """``out`` holds exactly the files docs/index.md says ``script`` writes (see
+    :func:`documented_outputs`), none of them empty."""
+    written = {os.path.relpath(os.path.join(d, f), out).replace(os.sep, "/") for d, _, files in os.walk(out)
+               for f in files}
+    assert written == documented_outputs(script, run), f"{script} wrote {sorted(written)}"
+    assert all(os.path.getsize(os.path.join(out, name)) > 0 for name in written)
 
 
 def _needs(*modules):
