@@ -18,9 +18,11 @@ cleanrl_train). Times the advantage phase (the GAE computation alone) and the up
 (everything after the rollout: bootstrap value, GAE, and the PPO epochs), prints their medians,
 and writes episodes.csv, timings.csv and returns.png (TensorBoard logs in tb/ too with
 --tensorboard) into a folder under --out named after the run: compute_gae, inline_loop or
-compare (both runs in each file). The default budget (8 envs x 1024 steps, about 8 episodes of
-Pong) finishes in a few minutes on 2 CPU cores (far too short to learn Pong: it shows the
-plumbing and the timings). Runs on CUDA with --cuda (or automatically when a GPU is present).
+compare (both runs in each file). The default budget, 8 envs x 128 steps x 8 iterations, is
+1,024 steps per env: about one game of Pong each (a game lasts 750 to 1,000 steps while the
+policy is untrained). It finishes in a few minutes on 2 CPU cores (far too short to learn Pong:
+it shows the plumbing and the timings). Runs on CUDA with --cuda (or automatically when a GPU is
+present).
 """
 
 from __future__ import annotations

@@ -188,7 +188,7 @@ def two_panels(path: str, curves, left: dict, right: dict) -> None:
     points on the left and on the right plot; ``left``/``right`` are each axis' ``set`` keywords
     (xlabel, ylabel, title, yscale, ...). Each run in its own line style (:data:`STYLES`); an
     axis whose x values are all whole numbers gets whole-number ticks. matplotlib with the Agg
-    backend (no display)."""
+    backend (no display). Returns the figure, closed after saving."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for i, (label, *points) in enumerate(curves):
@@ -202,6 +202,7 @@ def two_panels(path: str, curves, left: dict, right: dict) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    return fig
 
 
 def returns_plot(path: str, runs: dict, title: str, xlabel: str):
