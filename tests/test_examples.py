@@ -40,12 +40,13 @@ def documented_outputs(script: str, run: str = "") -> set:
     return {name.replace("RUN", run) for name in re.findall(r"`([\w/]+\.(?:csv|png))`", cell)}
 
 
-def assert_outputs(script: str, out, run: str = "") -> None:
+def assert_outputs(script: str, out, *runs: str) -> None:
     """``out`` holds exactly the files docs/index.md says ``script`` writes (see
-    :func:`documented_outputs`), none of them empty."""
+    :func:`documented_outputs`) in one invocation per folder name of ``runs``, none of them empty."""
     written = {os.path.relpath(os.path.join(d, f), out).replace(os.sep, "/") for d, _, files in os.walk(out)
                for f in files}
-    assert written == documented_outputs(script, run), f"{script} wrote {sorted(written)}"
+    expected = set().union(*(documented_outputs(script, run) for run in runs or [""]))
+    assert written == expected, f"{script} wrote {sorted(written)}"
     assert all(os.path.getsize(os.path.join(out, name)) > 0 for name in written)
 
 
@@ -78,7 +79,7 @@ def test_example_runs(script, args, modules, tmp_path):
         assert int(r["rollouts"]) >= 2 and float(r["sb3_loop_ms_per_call"]) > 0 and float(r["rl_triton_ms_per_call"]) > 0
 
 
-def _import_example(name):
+def import_example(name):
     """examples/``name``.py as a module (examples/ on the path for its sibling imports)."""
     import importlib.util
 
@@ -106,7 +107,7 @@ def test_sb3_side_by_side_times_both_and_keeps_the_run_gae(keep):
 
     import rl_triton.integrations.sb3 as rt_sb3
 
-    common = _import_example("sb3_common")
+    common = import_example("sb3_common")
     ways = common.gae_ways()
     assert ways["SB3 loop"] is RolloutBuffer.compute_returns_and_advantage
     calls = []
@@ -145,7 +146,7 @@ def test_atari_default_budget_finishes_episodes(script):
 
     import numpy as np
 
-    module = _import_example(script)
+    module = import_example(script)
     if script == "sb3_ppo_atari":
         n_envs, steps = module.N_ENVS, module.TIMESTEPS // module.N_ENVS
         envs = module.make_env(argparse.Namespace(n_envs=n_envs, seed=0))
