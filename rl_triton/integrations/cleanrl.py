@@ -44,8 +44,10 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma: float, gae
     gamma * gae_lambda * (1 - done[t+1]) * A[t+1], with done[T] = next_done, V(T) = next_value.
     Returns ``(advantages, returns = advantages + values)``.
     """
-    if not isinstance(rewards, torch.Tensor) or rewards.ndim != 2:
-        raise ValueError("rewards must be a (num_steps, num_envs) tensor")
+    if not isinstance(rewards, torch.Tensor):
+        raise TypeError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be a (num_steps, num_envs) tensor, got shape {tuple(rewards.shape)}")
     n = rewards.shape[1]
     bootstrap = _row(next_value, n, "next_value")
     if bootstrap.dtype != rewards.dtype:
