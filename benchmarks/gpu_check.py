@@ -17,6 +17,7 @@ set for the run when it is not set already); that is what --quick picks where CU
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -327,6 +328,10 @@ def main():
     p.add_argument("--shapes", help="comma-separated RxT subset of the shape list")
     p.add_argument("--no-int64", action="store_true", help="skip the 2.16e9-element GAE (about 40 GB, a minute)")
     args = p.parse_args()
+    if importlib.util.find_spec("triton") is None:
+        print("gpu_check.py checks the Triton kernels and needs triton, which is not installed: "
+              "pip install -e '.[dev]' (CPU: the Triton interpreter) or '.[gpu]' (CUDA)", file=sys.stderr)
+        sys.exit(2)
     if args.device is None:
         if not torch.cuda.is_available() and not args.quick:
             p.error("no CUDA here: run with --quick (a smoke run in the Triton interpreter) or --device cpu")

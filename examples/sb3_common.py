@@ -1,6 +1,6 @@
 """Shared pieces of the Stable-Baselines3 examples: the --patch/--no-patch/--compare switch,
-timing of compute_returns_and_advantage and of the whole update, an episode-return log with a
-progress bar, and the CSV/PNG outputs.
+timing of SB3's and rl_triton's compute_returns_and_advantage side by side on each rollout and
+of the whole update, an episode-return log with a progress bar, and the CSV/PNG outputs.
 
 The optional packages (gymnasium, Stable-Baselines3, the environments) are imported after the
 command line is parsed, so ``--help`` works without them and a missing one ends in the
@@ -19,7 +19,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from rl_triton._scripts import parser, progress, require
+from rl_triton._scripts import parser, progress, require, returns_plot
 
 
 def parse_args(doc: str, timesteps: int, n_envs: int, out: str):
@@ -75,16 +75,49 @@ def _timed(fn, timings, key):
     return wrapper
 
 
-def run(make_model, timesteps: int, patch: bool, label: str):
-    """Train one model; returns the episode log and the per-call timings."""
+def gae_ways():
+    """SB3's compute_returns_and_advantage (its loop) and rl_triton's, by label. Withdraws the
+    patch first, so that SB3's own method is the one on the class."""
+    from stable_baselines3.common.buffers import RolloutBuffer
+
+    import rl_triton.integrations.sb3 as rt_sb3
+
+    rt_sb3.unpatch()
+    return {"SB3 loop": RolloutBuffer.compute_returns_and_advantage, "rl_triton": rt_sb3.compute_returns_and_advantage}
+
+
+def side_by_side(buffer, ways: dict, keep: str, timings) -> None:
+    """Make ``buffer.compute_returns_and_advantage`` (this instance) run both GAEs of ``ways``
+    (:func:`gae_ways`) on the same rollout, one after the other (which goes first alternates from
+    one rollout to the next), and record each one's seconds in ``timings[label]``: both under the
+    same load, so that their ratio is not the load's noise. ``keep`` labels the GAE the run trains
+    with; it is called through the buffer's class (SB3's method, or rl_triton's under
+    ``patch()``), and the buffer keeps its advantages and returns."""
+    ways = dict(ways, **{keep: type(buffer).compute_returns_and_advantage})
+
+    def compute_returns_and_advantage(last_values, dones):
+        order = list(ways) if len(timings[keep]) % 2 == 0 else list(ways)[::-1]
+        for label in order:
+            start = time.perf_counter()
+            ways[label](buffer, last_values, dones)
+            timings[label].append(time.perf_counter() - start)
+            if label == keep:
+                kept = buffer.advantages.copy(), buffer.returns.copy()
+        buffer.advantages[:], buffer.returns[:] = kept
+
+    buffer.compute_returns_and_advantage = compute_returns_and_advantage
+
+
+def run(make_model, ways: dict, timesteps: int, patch: bool, label: str):
+    """Train one model with SB3's GAE or, patched, rl_triton's; each rollout also times the other
+    of ``ways`` (:func:`side_by_side`). Returns the episode log and the per-call timings."""
     import rl_triton.integrations.sb3 as rt_sb3
 
     (rt_sb3.patch if patch else rt_sb3.unpatch)()
     model = make_model()
     torch.manual_seed(0)
     timings = defaultdict(list)
-    buffer = model.rollout_buffer
-    buffer.compute_returns_and_advantage = _timed(buffer.compute_returns_and_advantage, timings, "gae")
+    side_by_side(model.rollout_buffer, ways, label, timings)
     model.train = _timed(model.train, timings, "update")
     callback = progress_callback(timesteps, label)
     start = time.perf_counter()
@@ -94,16 +127,15 @@ def run(make_model, timesteps: int, patch: bool, label: str):
     return {"label": label, "episodes": callback.episodes, "timings": timings}
 
 
-def warm_up(n_steps: int, n_envs: int):
-    """One call of each GAE path on a dummy buffer of the run's size (numba loads its cache)."""
+def warm_up(ways: dict, n_steps: int, n_envs: int):
+    """One call of each GAE of ``ways`` on a dummy buffer of the run's size (numba loads its
+    cache)."""
     import gymnasium as gym
     from stable_baselines3.common.buffers import RolloutBuffer
 
-    import rl_triton.integrations.sb3 as rt_sb3
-
     buf = RolloutBuffer(n_steps, gym.spaces.Box(-1, 1, (1,)), gym.spaces.Discrete(2), "cpu", n_envs=n_envs)
     buf.rewards[:] = np.random.default_rng(0).standard_normal(buf.rewards.shape)
-    for fn in (RolloutBuffer.compute_returns_and_advantage, rt_sb3.compute_returns_and_advantage):
+    for fn in ways.values():
         fn(buf, torch.zeros(n_envs), np.zeros(n_envs))
 
 
@@ -118,49 +150,30 @@ def report(results, out: str, title: str):
     rows = []
     for r in results:
         t = r["timings"]
-        gae_ms, upd_ms = _median_ms(t["gae"]), _median_ms(t["update"])
-        rows.append((r["label"], len(t["gae"]), gae_ms, upd_ms, gae_ms + upd_ms, t["total"][0]))
+        loop, ours = t["SB3 loop"], t["rl_triton"]
+        # each rollout's ratio is taken within its pair of calls
+        speedup = statistics.median(a / b for a, b in zip(loop, ours))
+        rows.append((r["label"], len(loop), _median_ms(loop), _median_ms(ours), speedup, _median_ms(t["update"]),
+                     t["total"][0]))
     print(f"\n{title} (medians per call, first call left out)")
-    print("| GAE | rollouts | compute_returns_and_advantage ms/call | update (train) ms/call | "
-          "GAE + update ms | whole run s |")
-    print("|---|---|---|---|---|---|")
-    for label, n, gae_ms, upd_ms, both, total in rows:
-        print(f"| {label} | {n} | {gae_ms:.3f} | {upd_ms:.1f} | {both:.1f} | {total:.1f} |")
-    if len(rows) == 2:
-        print(f"compute_returns_and_advantage speed-up: {rows[0][2] / rows[1][2]:.1f}x; "
-              f"GAE + update speed-up: {rows[0][4] / rows[1][4]:.3f}x")
+    print("compute_returns_and_advantage: both GAEs on each rollout's buffer, one after the other; "
+          "the update (train) does the same work with either")
+    print("| run trains with | rollouts | GAE, SB3 loop ms | GAE, rl_triton ms | GAE speed-up | update (train) ms | "
+          "whole run s |")
+    print("|---|---|---|---|---|---|---|")
+    for label, n, loop_ms, ours_ms, speedup, upd_ms, total in rows:
+        print(f"| {label} | {n} | {loop_ms:.3f} | {ours_ms:.3f} | {speedup:.1f}x | {upd_ms:.1f} | {total:.1f} |")
     with open(os.path.join(out, "timings.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["gae", "rollouts", "gae_ms_per_call", "update_ms_per_call", "gae_plus_update_ms", "run_s"])
+        w.writerow(["gae", "rollouts", "sb3_loop_ms_per_call", "rl_triton_ms_per_call", "gae_speedup",
+                    "update_ms_per_call", "run_s"])
         w.writerows(rows)
     with open(os.path.join(out, "episodes.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["gae", "timesteps", "episode_return"])
         for r in results:
             w.writerows((r["label"], s, ret) for s, ret in r["episodes"])
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in results:
-        if r["episodes"]:
-            by_step = defaultdict(list)
-            for step, ret in r["episodes"]:
-                by_step[step].append(ret)
-            steps = sorted(by_step)
-            line, = ax.plot(steps, [np.mean(by_step[s]) for s in steps], "-o", label=f"{r['label']} (mean)")
-            ax.scatter(*zip(*r["episodes"]), s=8, alpha=0.4, color=line.get_color())
-    ax.set_xlabel("timesteps")
-    ax.set_ylabel("episode return")
-    ax.set_title(title)
-    if any(r["episodes"] for r in results):
-        ax.legend()
-    else:
-        ax.text(0.5, 0.5, "no episode finished within the budget", ha="center", transform=ax.transAxes)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "returns.png"), dpi=120)
+    returns_plot(os.path.join(out, "returns.png"), {r["label"]: r["episodes"] for r in results}, title, "timesteps")
     print(f"wrote {out}/timings.csv, episodes.csv and returns.png")
 
 
@@ -169,8 +182,9 @@ def main(doc, make_model, timesteps, n_envs, n_steps, out, title, needs=()):
     gymnasium, SB3, matplotlib and ``needs`` are installed, and train and report."""
     args = parse_args(doc, timesteps, n_envs, out)
     require("gymnasium", "stable_baselines3", "matplotlib", *needs)
-    warm_up(n_steps, args.n_envs)
+    ways = gae_ways()
+    warm_up(ways, n_steps, args.n_envs)
     variants = [False, True] if args.compare else [args.patch]
-    results = [run(lambda: make_model(args), args.timesteps, patch, "rl_triton" if patch else "SB3 loop")
+    results = [run(lambda: make_model(args), ways, args.timesteps, patch, "rl_triton" if patch else "SB3 loop")
                for patch in variants]
     report(results, args.out, title)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from rl_triton._scripts import parser, progress, quiet_mujoco, require  # noqa: E402
+from rl_triton._scripts import parser, progress, quiet_mujoco, require, returns_plot  # noqa: E402
 
 ENV = "HalfCheetah-v5"
 
@@ -182,22 +182,8 @@ def report(results, out: str, title: str):
         w.writerow(["run", "frames", "episode_return"])
         for label in labels:
             w.writerows(results[label][1])
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label in labels:
-        eps = results[label][1]
-        ax.plot([e[1] for e in eps], [e[2] for e in eps], ".-", label=label)
-    ax.set(xlabel="frames", ylabel="episode return", title=title)
-    if any(results[label][1] for label in labels):
-        ax.legend()
-    else:
-        ax.text(0.5, 0.5, "no episode finished within the budget", ha="center", transform=ax.transAxes)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "returns.png"))
+    returns_plot(os.path.join(out, "returns.png"), {label: [e[1:] for e in results[label][1]] for label in labels},
+                 title, "frames")
     print(f"wrote {out}/timings.csv, episodes.csv and returns.png")
 
 

@@ -257,15 +257,34 @@ def default_shapes(device: torch.device, quick: bool) -> List[Shape]:
     return shapes
 
 
+def pick_device(device: Optional[str]) -> Tuple[Optional[torch.device], str]:
+    """The device ``--device`` names, or None and a one-line reason it cannot be used here.
+
+    ``device``: None or "auto" (CUDA when torch sees it, else the CPU), "cpu", "cuda" or
+    "cuda:N"; the reason names the device as given."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu"), ""
+    choices = "auto, cpu, cuda or cuda:N"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        return None, f"--device {device}: not a device name torch knows; use {choices}"
+    if dev.type not in ("cpu", "cuda"):
+        return None, f"--device {device}: the demo runs on {choices}"
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return None, f"--device {device}, but torch.cuda.is_available() is False"
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            return None, f"--device {device}, but torch sees {torch.cuda.device_count()} CUDA device(s)"
+    return dev, ""
+
+
 def run(device: Optional[str] = None, repeats: Optional[int] = None, quick: bool = False,
         progress: bool = True) -> int:
-    if device is None or device == "auto":
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        dev = torch.device(device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
-            return 2
+    dev, problem = pick_device(device)
+    if dev is None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if repeats is None:
         repeats = 5 if quick else 20
     repeats = max(1, repeats)

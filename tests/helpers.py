@@ -13,6 +13,7 @@ import contextlib
 import functools
 import math
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -728,11 +729,20 @@ def rllib_ray_init(**kwargs) -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, **kwargs)
 
 
+def rllib_docs_counts_recipe() -> str:
+    """docs/rllib.md's Python expression (in backticks) for rl_triton's call counts in the
+    Learner actors."""
+    text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "rllib.md")).read()
+    (recipe,) = re.findall(r"`([^`]*foreach_learner[^`]*call_counts\(\)[^`]*)`", text)
+    return recipe
+
+
 def rllib_remote_ppo_counts(learner_class=None) -> dict:
     """Train a tiny CartPole PPO for one iteration with ``num_learners=1`` (the Learner in its own
     actor process) and return what that Learner process reports: whether the Learner is
     rl_triton's ``PPOTorchLearner``, whether RLlib is patched there, rl_triton's call counts,
-    and the iteration's mean total loss."""
+    the iteration's mean total loss, and (``docs_recipe``) what docs/rllib.md's expression for
+    the Learners' call counts gives, evaluated as written with this ``algo``."""
     import rl_triton.integrations.rllib as rt_rllib
     from ray.rllib.algorithms.ppo import PPOConfig
 
@@ -748,6 +758,7 @@ def rllib_remote_ppo_counts(learner_class=None) -> dict:
             lambda learner: {"ours": isinstance(learner, rt_rllib.PPOTorchLearner), "patched": rt_rllib.is_patched(),
                              "counts": rt_rllib.call_counts()})]
         report["loss"] = float(result["learners"]["default_policy"]["total_loss"])
+        report["docs_recipe"] = eval(rllib_docs_counts_recipe(), {"algo": algo, "rt_rllib": rt_rllib})
         return report
     finally:
         algo.stop()

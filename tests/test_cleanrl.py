@@ -79,3 +79,10 @@ def test_bad_shapes():
         compute_gae(r, r, r, torch.zeros(4), torch.zeros(3), 0.99, 0.95)
     with pytest.raises(ValueError, match="rewards"):
         compute_gae(torch.zeros(8), r, r, torch.zeros(4), torch.zeros(4), 0.99, 0.95)
+
+
+def test_numpy_input_is_a_type_error():
+    """CleanRL keeps its buffers as torch tensors; numpy arrays are a TypeError naming the type."""
+    r = np.zeros((8, 4), dtype=np.float32)
+    with pytest.raises(TypeError, match=r"rewards must be a torch.Tensor, got ndarray"):
+        compute_gae(r, r, r, np.zeros(4), np.zeros(4), 0.99, 0.95)

@@ -4,6 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
+from rl_triton.demo import main
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -17,3 +22,15 @@ def test_demo_runs_and_every_estimator_agrees():
     assert "\r" not in done.stderr, done.stderr[-2000:]
     runs = [line for line in done.stderr.splitlines() if line.startswith("[")]
     assert runs and runs[0].startswith("[1/") and len(runs) == int(runs[0].split("/")[1].split("]")[0])
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:0", "meta", "cuda:x"])
+def test_bad_device_is_one_line_naming_it(device, capsys):
+    """A device the demo cannot use: exit status 2 and one line on stderr that names the device
+    as given (cuda:0 on a machine without CUDA; tpu, which torch does not parse)."""
+    if device.startswith("cuda") and torch.cuda.is_available() and device != "cuda:x":
+        pytest.skip("this machine has CUDA")
+    assert main(["--device", device, "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert len(captured.err.splitlines()) == 1 and captured.err.startswith(f"error: --device {device}")

@@ -445,6 +445,36 @@ def test_group_advantages_over_ranks_match_the_whole_batch(world):
     _spawn(_groups_worker, world)
 
 
+def _extreme_whiten_worker(rank, world, group):
+    """float32 data of order 1e20 over the ranks (squared deviations past the float32 range):
+    every rank's statistics in float64 before the collective, the whitening against the float64
+    oracle over the concatenated data, on every backend, contiguous and transposed shards."""
+    g = torch.Generator().manual_seed(world)
+    x = ((torch.rand(4 * world, 5, generator=g, dtype=F64) - 0.3) * 4e20).to(F32)
+    m = torch.rand(4 * world, 5, generator=g) < 0.7
+    m[0] = True
+    m[1::4] = False  # a row of no valid element on every rank
+    rows = slice(4 * rank, 4 * rank + 4)
+    for kw in (dict(eps_mode="std"), {}, dict(unbiased=False, eps_mode="clamp"), dict(shift_mean=False)):
+        want = torch.from_numpy(oracle.masked_whiten(x.double().numpy(), m.numpy(), **kw)).to(F32)[rows]
+        for backend in _backends():
+            # the shard contiguous, and the same values in transposed memory
+            for xs, ms in ((x[rows].clone(), m[rows].clone()), (x[rows].t().contiguous().t(), m[rows].t().contiguous().t())):
+                got = rl_triton.masked_whiten(xs, ms, group=group, backend=backend, **kw)
+                torch.testing.assert_close(got, want, rtol=2.4e-7, atol=0.0,
+                                           msg=lambda text: f"{kw} on {backend}, rank {rank}: {text}")
+    n, mean, m2 = rl_triton.masked_moments(x[rows], m[rows], group=group)
+    n_ref, mean_ref, m2_ref = oracle.masked_moments(x.double().numpy(), m.numpy())
+    assert mean.dtype == F64 and m2.dtype == F64 and int(n) == n_ref
+    assert float(mean) == pytest.approx(mean_ref, rel=1e-14) and float(m2) == pytest.approx(m2_ref, rel=1e-14)
+    assert float(m2) > torch.finfo(F32).max
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_extreme_magnitudes_whitened_over_ranks_match_the_oracle(world):
+    _spawn(_extreme_whiten_worker, world)
+
+
 def _packed_worker(rank, world, group):
     """Packed sequences (global cu_seqlens) whose token stream is split across ranks, sequences
     crossing one and several chunk boundaries, empty sequences and an empty chunk: every

@@ -129,9 +129,32 @@ def test_verl_page_installs_verl_in_its_own_environment():
     assert "-e .[cpu,verl,trl]" in open(os.path.join(ROOT, ".ci", "run")).read()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="needs numba (the cpu extra)")
+def test_first_call_compiles_and_is_cached_on_disk(tmp_path):
+    """README and docs/index.md say that the first call of a signature compiles and that the
+    compiled code is cached on disk: after a first process numba's cache holds the CPU kernel,
+    and a second process loads it without writing the cache again."""
+    for path in ("README.md", "docs/index.md"):
+        text = " ".join(open(os.path.join(ROOT, path)).read().split())
+        assert "**The first call compiles.**" in text and "cache the compiled code on disk" in text, path
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=ROOT)
+    code = "import torch, rl_triton as rt; rt.gae(torch.ones(3, 16), torch.ones(3, 16), backend='cpu')"
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+
+    first = run()
+    assert any(p.suffix == ".nbi" for p in first) and any(p.suffix == ".nbc" for p in first), sorted(first)
+    assert run() == first
+
+
 # the modules whose public functions' docstrings must document every argument
 DOCUMENTED = ["rl_triton"] + [f"rl_triton.integrations.{m}" for m in (
-    "sb3", "torchrl", "rllib", "cleanrl", "rsl_rl", "skrl", "rl_games", "verl", "trl", "openrlhf", "pufferlib")]
+    "sb3", "torchrl", "rllib", "cleanrl", "rsl_rl", "skrl", "rl_games", "verl", "trl", "openrlhf", "pufferlib",
+    "tianshou")]
 
 
 def _args_section(doc: str) -> list:
@@ -150,7 +173,7 @@ def _args_section(doc: str) -> list:
 
 
 def _documented_callables(module_name: str):
-    """(qualified name, callable, its parameters) for every public function of the module and
+    """(qualified name, docstring, parameters) for every public function of the module and
     every public class that defines its own ``__init__``: the names of ``__all__`` and the
     members docs/api.md renders for the module."""
     import inspect

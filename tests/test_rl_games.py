@@ -118,6 +118,63 @@ def test_nan_in_nan_out():
     assert torch.equal(ours.isnan(), theirs.isnan()) and ours[5, 1].isnan()
 
 
+def test_nan_stops_at_the_episode_end():
+    """A NaN reward in a row that had an episode end before it: rl_games' loop multiplies the
+    NaN advantage by the 0 flag (0 * NaN = NaN) and carries it to every earlier step of the row;
+    rl_triton stops it at the episode end (docs/semantics.md, section 11), where the earlier
+    steps are rl_games' advantages of the rollout with that reward finite."""
+    agent, args, masks = _rollout(10, 4, 2, torch.float64, 6, p_done=0.0)
+    args[2][6, 1] = 1.0  # obs 6 of row 1 starts an episode: the one before ended at step 5
+    finite = tuple(x.clone() for x in args)
+    args[4][8, 1, 0] = float("nan")
+    for name, extra in (("discount_values", ()), ("discount_values_masks", (masks,))):
+        ours = getattr(rt_rl_games, name)(agent, *args, *extra)
+        theirs = ORIGINALS[name](agent, *args, *extra)
+        assert theirs[:6, 1, 0].isnan().all()
+        assert torch.equal(ours[6:].isnan(), theirs[6:].isnan()) and ours[8, 1, 0].isnan()
+        torch.testing.assert_close(ours[:6], ORIGINALS[name](agent, *finite, *extra)[:6], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("gamma", [0.99, 0.9, 0.995])
+@pytest.mark.parametrize("flag_dtype", [torch.float32, torch.uint8])
+def test_float64_rollout_with_float32_flags_and_tau_one(gamma, flag_dtype):
+    """Float64 rewards and values with float32 (or uint8) done flags, tau = 1: rl_games' loop
+    forms gamma * tau * (1 - done) in float32, a trace factor above gamma; the drop-in computes
+    rl_games' advantages exactly."""
+    agent, args, masks = _rollout(16, 8, 2, torch.float64, 8)
+    agent.gamma, agent.tau = gamma, 1.0
+    args = (args[0].to(flag_dtype), args[1], args[2].to(flag_dtype), *args[3:])
+    for name, extra in (("discount_values", ()), ("discount_values_masks", (masks,))):
+        ours = getattr(rt_rl_games, name)(agent, *args, *extra)
+        theirs = ORIGINALS[name](agent, *args, *extra)
+        assert ours.dtype == theirs.dtype == torch.float64
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    # float32 rollouts: the flags' dtype is the data's, no rounding of the trace factor
+    agent, args, masks = _rollout(16, 8, 2, torch.float32, 8)
+    agent.gamma, agent.tau = gamma, 1.0
+    torch.testing.assert_close(rt_rl_games.discount_values_masks(agent, *args, masks),
+                               ORIGINALS["discount_values_masks"](agent, *args, masks), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("which", ["fdones", "mb_fdones", "both"])
+def test_bool_dones_raise_rl_games_error(which):
+    """rl_games' loop forms ``1.0 - dones``, which torch refuses for bool tensors: the drop-in
+    raises that RuntimeError, as rl_games' methods do."""
+    agent, args, masks = _rollout(6, 4, 1, torch.float32, 9)
+    fdones, mb_fdones = args[0], args[2]
+    if which != "mb_fdones":
+        fdones = fdones.bool()
+    if which != "fdones":
+        mb_fdones = mb_fdones.bool()
+    args = (fdones, args[1], mb_fdones, *args[3:])
+    for name, extra in (("discount_values", ()), ("discount_values_masks", (masks,))):
+        with pytest.raises(RuntimeError) as theirs:
+            ORIGINALS[name](agent, *args, *extra)
+        with pytest.raises(RuntimeError) as ours:
+            getattr(rt_rl_games, name)(agent, *args, *extra)
+        assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
+
+
 def test_patch_contract():
     assert not rt_rl_games.is_patched()
     rt_rl_games.patch()

@@ -27,6 +27,7 @@ def test_learner_class_runs_the_fused_connector_in_the_remote_learner(cluster):
     report = rllib_remote_ppo_counts(rt_rllib.PPOTorchLearner)
     assert report["ours"]
     assert report["counts"]["connector"] >= 1  # ran there, in the actor process
+    assert report["docs_recipe"] == [report["counts"]]  # docs/rllib.md's recipe reads them as written
     assert not report["patched"]  # by the class, without patching RLlib in the actor
     assert math.isfinite(report["loss"])
     assert rt_rllib.call_counts() == driver_before and not rt_rllib.is_patched()  # the driver untouched

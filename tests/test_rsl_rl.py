@@ -268,3 +268,49 @@ def test_class_name_route_through_the_runner(monkeypatch):
     runner.learn(2)
     assert calls == [1, 1]
     assert torch.isfinite(runner.alg.storage.advantages).all()
+
+
+def _patched_entry(ppo, obs):
+    """rsl_rl's own entry point (``PPO.compute_returns``) with ``patch()`` in effect."""
+    with rt_rsl.patched():
+        rsl_rl.algorithms.PPO.compute_returns(ppo, obs)
+
+
+@pytest.mark.parametrize("returns", ["float64", "two per step"])
+def test_unmapped_storage_under_patch_runs_rsl_rls_own_method(returns):
+    """With ``patch()`` in effect, a storage the drop-in does not map (float64 returns for
+    float32 values, or returns ``[T, N, 2]``) runs rsl_rl's method as it was before patching:
+    rsl_rl's result, exactly."""
+    ppo, obs = _ppo(5, 8, F32, seed=6)
+    st = ppo.storage
+    st.returns = st.returns.double() if returns == "float64" else torch.zeros(5, 8, 2)
+    want = _run(ppo, obs, _original)
+    for route in (_patched_entry, lambda p, o: rt_rsl.PPO.compute_returns(p, o)):
+        with rt_rsl.patched():
+            got = _run(ppo, obs, route)
+        for a, b in zip(got[:2], want[:2]):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_critic_of_two_outputs_raises_rsl_rls_error():
+    """A critic with 2 outputs for 1-value storage: rsl_rl's RuntimeError, from every route."""
+    ppo, obs = _ppo(5, 8, F32, seed=7)
+    if OLD:
+        ppo.policy.critic = torch.nn.Linear(3, 2)
+    else:
+        from rsl_rl.models import MLPModel
+
+        ppo.critic = MLPModel(obs, {"actor": ["policy"], "critic": ["policy"]}, "critic", 2, hidden_dims=[8])
+    with pytest.raises(RuntimeError) as want:
+        _original(ppo, obs)
+    routes = [_patched_entry, lambda p, o: rt_rsl.PPO.compute_returns(p, o)]
+    if OLD:
+        routes.append(lambda p, o: rt_rsl.storage_compute_returns(p.storage, p.policy.evaluate(o).detach(), p.gamma,
+                                                                  p.lam))
+    else:
+        routes.append(rt_rsl.compute_returns)
+    for route in routes:
+        with pytest.raises(RuntimeError) as got:
+            route(ppo, obs)
+        assert type(got.value) is type(want.value) and str(got.value) == str(want.value)

@@ -87,3 +87,12 @@ def test_example_without_optional_packages(path, tmp_path):
     assert ran.returncode == 1, ran.stdout[-2000:] + ran.stderr[-2000:]
     assert "Traceback" not in ran.stderr, ran.stderr[-3000:]
     assert "install with pip install -e '.[examples]'" in ran.stderr, ran.stderr
+
+
+def test_gpu_check_without_triton_names_the_extras():
+    """benchmarks/gpu_check.py checks the Triton kernels: without triton it says so in one line
+    that names the extras that bring it, and exits with status 2 (no traceback)."""
+    ran = _run([os.path.join(ROOT, "benchmarks", "gpu_check.py"), "--quick"], blocked=("triton",))
+    assert ran.returncode == 2, ran.stdout[-2000:] + ran.stderr[-3000:]
+    assert len(ran.stderr.splitlines()) == 1, ran.stderr[-3000:]
+    assert "needs triton" in ran.stderr and "'.[dev]'" in ran.stderr and "'.[gpu]'" in ran.stderr

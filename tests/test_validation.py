@@ -199,6 +199,31 @@ def test_per_row_shape_mismatch(name, kwarg, cpu_backend, rt):
     expect_error(rt, name, args, kw, ValueError, kwarg, cpu_backend)
 
 
+@pytest.mark.parametrize("name,kwarg", [("gae", "bootstrap_value"), ("vtrace", "bootstrap_value"),
+                                        ("discounted_return", "bootstrap_value"),
+                                        ("eligibility_trace", "initial"),
+                                        ("episodic_cumsum", "initial"), ("affine_scan", "initial")])
+def test_per_row_input_of_time_major_data_gets_a_hint(name, kwarg, cpu_backend, rt):
+    """[T, N] data passed with the default time_dim=-1: a per-row input of N values (what
+    time_dim=0 would take) gets a hint in the error; the same input with time_dim=0 is fine."""
+    args, kw = base_inputs(name, shape=(T, N))
+    kw[kwarg] = _t(N, seed=3)
+    expect_error(rt, name, args, kw, ValueError, r"\(time-major data\? pass time_dim=0\)", cpu_backend)
+    getattr(rt, name)(*args, **kw, time_dim=0, backend=cpu_backend)
+    # a shape that fits neither layout gets no hint
+    kw[kwarg] = _t(N + 1, seed=3)
+    with pytest.raises(ValueError, match=kwarg) as err:
+        getattr(rt, name)(*args, **kw, backend=cpu_backend)
+    assert "time-major" not in str(err.value)
+
+
+def test_last_done_of_time_major_data_gets_a_hint(cpu_backend, rt):
+    args, kw = base_inputs("gae", shape=(T, N))
+    kw.update(episode_starts=_flags(shape=(T, N)), last_done=_flags(shape=(N,)))
+    expect_error(rt, "gae", args, kw, ValueError, r"last_done .*\(time-major data\? pass time_dim=0\)",
+                 cpu_backend)
+
+
 def test_retrace_action_tensor_shapes(cpu_backend, rt):
     args, _ = base_inputs("retrace")
     pi = torch.softmax(_t(N, T, 4, seed=5), -1)

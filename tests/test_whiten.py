@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import TRITON_INTERPRET_AT_STARTUP, require_backend
 from rl_triton.core.whiten import masked_moments, masked_whiten
+from rl_triton.testing import oracle
 
 F64, F32 = torch.float64, torch.float32
 SHAPES = [(50,), (1, 40), (8, 33), (4, 5, 7)]
@@ -207,9 +209,10 @@ def test_moments_against_numpy(shape, kind):
 
     n32, mean32, m232 = masked_moments(x.to(F32), m)
     v32 = x.to(F32).to(F64).numpy()[m.numpy()]
-    assert mean32.dtype == F32 and int(n32) == valid.size
-    assert float(mean32) == pytest.approx(v32.mean(), rel=1e-6)
-    assert float(m232) == pytest.approx(((v32 - v32.mean()) ** 2).sum(), rel=1e-4)
+    assert mean32.dtype == F64 and m232.dtype == F64 and int(n32) == valid.size  # float64 statistics
+    v32_mean = math.fsum(v32.tolist()) / v32.size
+    assert float(mean32) == pytest.approx(v32_mean, rel=1e-14)
+    assert float(m232) == pytest.approx(math.fsum(((v32 - v32_mean) ** 2).tolist()), rel=1e-12)
 
 
 def test_moments_are_what_whiten_uses():
@@ -237,7 +240,7 @@ def test_low_precision_inputs(dtype):
     y = masked_whiten(x, m)
     assert y.dtype == dtype
     _, mean, m2 = masked_moments(x, m)
-    assert mean.dtype == F32 and m2.dtype == F32
+    assert mean.dtype == F64 and m2.dtype == F64
     expected = verl_masked_whiten(x.to(F64), m.to(F64), count_guard=0.0)  # on the rounded data
     _close(y.to(F64), expected, 1e-2)
 
@@ -521,3 +524,74 @@ def test_every_backend_matches_the_torch_ops(backend, dtype, n, kw):
     torch.testing.assert_close(out, masked_whiten(x, mask, backend="torch", **kw), equal_nan=True,
                                rtol=1e-12 if dtype == torch.float64 else 2e-6,
                                atol=1e-12 if dtype == torch.float64 else 2e-6)
+
+
+# -- one statistics precision on every backend and layout (docs/semantics.md 9 and 15.1) -------------
+# float32 data of order 1e20: squared deviations of order 1e40 pass the float32 range, so a path that
+# formed M2 in float32 would get an infinite variance and whiten everything to 0
+EXTREME = [1e20, 0.0, -1e20, 3e19, 2e20, -5e19]  # issue 37's example; its mean is 3e19
+_CUDA = torch.cuda.is_available() and not TRITON_INTERPRET_AT_STARTUP
+BACKEND_DEVICES = [("cpu", "cpu"), ("torch", "cpu"), ("triton", "cpu")] + [
+    pytest.param(name, "cuda", marks=pytest.mark.skipif(not _CUDA, reason="needs CUDA without the interpreter"))
+    for name in ("torch", "triton")]
+
+
+def _extreme(dtype, device="cpu"):
+    """[3, 4]: the example and six more values of order 1e20, in ``dtype`` (rounded)."""
+    x = torch.tensor(EXTREME + [7e19, -2.5e20, 1.5e20, 4e19, -8e19, 2.2e20], dtype=F64)
+    return x.view(3, 4).to(device=device, dtype=dtype)
+
+
+def _oracle_whitened(x, mask, **kw):
+    """The float64 oracle on ``x``'s values, rounded to ``x``'s dtype as torch rounds float64."""
+    y = oracle.masked_whiten(x.double().cpu().numpy(), None if mask is None else mask.cpu().numpy(), **kw)
+    return torch.from_numpy(y).to(device=x.device, dtype=x.dtype)
+
+
+@pytest.mark.parametrize("backend, device", BACKEND_DEVICES)
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16])
+@pytest.mark.parametrize("kw", [dict(eps_mode="std")] + CONVENTIONS)
+def test_extreme_magnitudes_every_backend_and_layout_match_the_oracle(backend, device, dtype, kw):
+    """Statistics in float64 and (x - mean) * rstd in float64, rounded once, whatever the backend
+    and the layout: contiguous, transposed (dense, not contiguous), masked (huge values outside
+    the mask), masked and transposed, and each in place."""
+    if device == "cpu":
+        require_backend(backend)
+    # float32: two float32 ulps (float64 sums in another order may round the last bit otherwise);
+    # bfloat16: one bfloat16 ulp (Triton's interpreter rounds float32 to bfloat16 by truncation)
+    tol = 2.4e-7 if dtype == F32 else 2.0 ** -7
+    # the issue's call itself: 1-D, every element
+    x = torch.tensor(EXTREME, device=device).to(dtype)
+    got = masked_whiten(x, backend=backend, **kw)
+    torch.testing.assert_close(got, _oracle_whitened(x, None, **kw), rtol=tol, atol=0.0)
+    base = _extreme(dtype, device)
+    mask = torch.tensor([[1, 1, 0, 1], [1, 0, 1, 1], [0, 1, 1, 1]], dtype=torch.bool, device=device)
+    outside = torch.where(mask, base, torch.full_like(base, 3e38 if dtype == F32 else 1e38))
+    layouts = {"contiguous": (base, None), "transposed": (base.t(), None), "masked": (outside, mask),
+               "masked transposed": (outside.t(), mask.t())}
+    for layout, (x, m) in layouts.items():
+        want = _oracle_whitened(x, m, **kw)
+        assert torch.isfinite(want).all() and want.abs().max() > 0.5, layout  # an exact answer of order 1
+        got = masked_whiten(x, m, backend=backend, **kw)
+        assert got.stride() == x.stride() or not x.is_contiguous(), layout
+        torch.testing.assert_close(got, want, rtol=tol, atol=0.0, msg=lambda text: f"{layout}: {text}")
+        out = x.clone()  # same strides: the transposed layouts stay transposed
+        assert masked_whiten(out, m, backend=backend, out=out, **kw) is out
+        torch.testing.assert_close(out, want, rtol=tol, atol=0.0, msg=lambda text: f"{layout} in place: {text}")
+
+
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16, F64])
+def test_extreme_magnitudes_moments_are_float64(dtype):
+    """masked_moments returns float64 mean and M2 for every input dtype; for float32 data of
+    order 1e20 M2 (~6e40) is past the float32 range and equals the oracle's."""
+    x = _extreme(dtype)
+    mask = torch.tensor([[1, 1, 0, 1], [1, 0, 1, 1], [0, 1, 1, 1]], dtype=torch.bool)
+    for m in (None, mask, mask.to(F32)):
+        n, mean, m2 = masked_moments(x.t(), None if m is None else m.t())
+        assert n.dtype == torch.int64 and mean.dtype == F64 and m2.dtype == F64
+        n_ref, mean_ref, m2_ref = oracle.masked_moments(x.double().t().numpy(), None if m is None else m.t().numpy())
+        assert int(n) == n_ref
+        assert float(mean) == pytest.approx(mean_ref, rel=1e-15)
+        assert float(m2) == pytest.approx(m2_ref, rel=1e-14)
+        if dtype == F32:
+            assert float(m2) > torch.finfo(F32).max

@@ -178,6 +178,9 @@ class Call:
             raise ValueError("out= does not support autograd; call without out= to get gradients")
         self.empty = self.rows.R == 0 or self.rows.T == 0
         self.aliased = [False] * n_out if out is None else self._aliased()
+        chunk = plans.chunk()
+        if chunk is not None and chunk.check:
+            raise plans.Checked  # every argument checked (sharded calls, before their collectives)
         return self.backend != "torch" and not self.needs_grad
 
     def _aliased(self) -> list:
@@ -221,7 +224,7 @@ class Call:
                     chunk.record.values, (), algo, self.backend, self.cd, bound, self.rows, self.out, self.checks,
                     self.numbers)
                 chunk.record(algo, bound, plan)
-            results = launch.run(algo, self.backend, self.cd, algo.bind(**args), self.rows, self.out, edge=edge)
+            results = self._launch(algo, algo.bind(**args), edge)
             if edge is not None:
                 chunk.edge[:, :-1] = edge
             return results if len(results) > 1 else results[0]
@@ -234,10 +237,15 @@ class Call:
                 return plan.execute(recorder.values)
         elif recorder is not None and any(self.aliased):
             recorder.final = False  # aliasing belongs to this call, not to the signature
-        given = [None if a else o for o, a in zip(self.out, self.aliased)]
-        results = launch.run(algo, self.backend, self.cd, args, self.rows, given)
-        results = tuple(o.copy_(r) if a else r for r, o, a in zip(results, self.out, self.aliased))
+        results = self._launch(algo, args)
         return results if len(results) > 1 else results[0]
+
+    def _launch(self, algo: spec.Algorithm, args, edge=None) -> tuple:
+        """The fused launch into the caller's outputs; those that overlap an input are computed
+        into fresh memory and copied after the kernel has read every input."""
+        given = [None if a else o for o, a in zip(self.out, self.aliased)]
+        results = launch.run(algo, self.backend, self.cd, args, self.rows, given, edge=edge)
+        return tuple(o.copy_(r) if a else r for r, o, a in zip(results, self.out, self.aliased))
 
     # -- the [R, T] views the kernels and the composed path read ---------------------------
     def r(self, x):

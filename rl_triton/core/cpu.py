@@ -445,6 +445,18 @@ def whiten_all(x, out, parts, unbiased, shift_mean, scale, eps, eps_mode):
             dest[i] = (run[i] - mean) * rstd + back
 
 
+def whiten_output(x, out, mean, rstd, shift_mean):
+    """``out = (x - mean) * rstd`` (``+ mean`` where not ``shift_mean``) over the flat ``x``, in
+    float64 and rounded once to ``out``'s dtype; ``out`` may be ``x`` (each element is read
+    before it is written)."""
+    back = 0.0 if shift_mean else mean
+    P = -(-x.shape[0] // WHITEN_ROW)
+    for p in prange(P):
+        run, dest = x[p * WHITEN_ROW:(p + 1) * WHITEN_ROW], out[p * WHITEN_ROW:(p + 1) * WHITEN_ROW]
+        for i in range(run.shape[0]):
+            dest[i] = (run[i] - mean) * rstd + back
+
+
 def masked_moments(x, mask, moments):
     """Each row's ``(n, mean, M2)`` of ``x`` at the steps where ``mask`` is nonzero (the row's
     mean first, then the sum of squared deviations from it; both passes read the row while it is
@@ -628,9 +640,9 @@ _PARALLEL = threading.Lock()
 
 
 # kernels whose floating-point sums may be reassociated (vectorised); NaN and inf keep their meaning
-REASSOCIATE = frozenset(("masked_moments", "whiten_all"))
+REASSOCIATE = frozenset(("masked_moments", "whiten_all", "whiten_output"))
 # kernels compiled with numpy's error model: a division by zero gives inf or NaN, as in IEEE
-IEEE = frozenset(("whiten_all",))
+IEEE = frozenset(("whiten_all", "whiten_output"))
 
 
 def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
@@ -705,11 +717,23 @@ def _flag_bytes(x: torch.Tensor) -> np.ndarray:
     return out
 
 
+def same_dense_layout(x: torch.Tensor, out: torch.Tensor) -> bool:
+    """True when the numba whitening kernels can take ``x`` and ``out``: float32 or float64 CPU
+    tensors of one shape, dtype and strides, C- or F-contiguous (a transposed matrix too)."""
+    return x.shape == out.shape and x.dtype == out.dtype and x.stride() == out.stride() \
+        and _dense(x) is not None and _dense(out) is not None
+
+
+def _memory_order(x: torch.Tensor) -> np.ndarray:
+    """The 1-D numpy view of a :func:`same_dense_layout` tensor in memory order."""
+    return _dense(x).ravel(order="K")
+
+
 def whiten_flat(x: torch.Tensor, out: torch.Tensor, unbiased: bool, shift_mean: bool, scale: bool, eps: float,
                 eps_mode: int) -> None:
-    """:func:`whiten_all` on the float32 or float64 CPU tensors ``x`` and ``out`` (contiguous,
-    one shape and dtype; ``out`` may be ``x``)."""
-    a, y = x.detach().reshape(-1).numpy(), out.reshape(-1).numpy()
+    """:func:`whiten_all` on ``x`` and ``out`` (:func:`same_dense_layout`; ``out`` may be ``x``),
+    over their elements in memory order."""
+    a, y = _memory_order(x), _memory_order(out)
     parts = np.empty((max(1, -(-a.shape[0] // WHITEN_ROW)), 3))
     parallel = parts.shape[0] > 1 and a.shape[0] >= PARALLEL_MIN_ELEMENTS
     kernel = _kernel(whiten_all, ("c1", "oc1", "e", "b", "b", "b", "s", "i"), _NUMPY_DTYPES[x.dtype], parallel)
@@ -718,6 +742,19 @@ def whiten_flat(x: torch.Tensor, out: torch.Tensor, unbiased: bool, shift_mean: 
             kernel(a, y, parts, unbiased, shift_mean, scale, eps, eps_mode)
     else:
         kernel(a, y, parts, unbiased, shift_mean, scale, eps, eps_mode)
+
+
+def whiten_apply(x: torch.Tensor, out: torch.Tensor, mean: float, rstd: float, shift_mean: bool) -> None:
+    """:func:`whiten_output` on ``x`` and ``out`` (:func:`same_dense_layout`; ``out``
+    may be ``x``), over their elements in memory order."""
+    a, y = _memory_order(x), _memory_order(out)
+    parallel = a.shape[0] > WHITEN_ROW and a.shape[0] >= PARALLEL_MIN_ELEMENTS
+    kernel = _kernel(whiten_output, ("c1", "oc1", "s", "s", "b"), _NUMPY_DTYPES[x.dtype], parallel)
+    if parallel:
+        with _PARALLEL:
+            kernel(a, y, mean, rstd, shift_mean)
+    else:
+        kernel(a, y, mean, rstd, shift_mean)
 
 
 def row_moments(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

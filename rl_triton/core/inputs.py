@@ -87,6 +87,13 @@ def check_threshold(x, name: str) -> float:
     return float(x)
 
 
+def broadcasts(x: torch.Tensor, shape) -> bool:
+    """Whether ``x`` broadcasts to ``shape`` (torch's rule, trailing dims aligned)."""
+    have, want = tuple(x.shape), tuple(shape)
+    n = len(have)
+    return have == want or (n <= len(want) and all(h in (1, w) for h, w in zip(have, want[len(want) - n:])))
+
+
 class Rows:
     """The layout of one call: a reference shape with time at ``tdim``, seen as ``[R, T]`` rows.
 
@@ -125,7 +132,7 @@ class Rows:
         self._same_device(x, name)
         if x.dtype != self.dtype:
             raise TypeError(f"{name} has dtype {x.dtype} but {self.ref_name} has {self.dtype}; pass one float dtype")
-        self.check_broadcast(x, name, self.shape if shape is None else shape)
+        self._check_shape(x, name, shape)
         return x
 
     def flag(self, x, name: str, *, shape=None) -> torch.Tensor | None:
@@ -137,7 +144,7 @@ class Rows:
             return x
         check_tensor(x, name, dtypes=FLAG_DTYPES, kind="a bool, integer or float")
         self._same_device(x, name)
-        self.check_broadcast(x, name, self.shape if shape is None else shape)
+        self._check_shape(x, name, shape)
         return x
 
     def coefficient(self, x, name: str):
@@ -147,14 +154,23 @@ class Rows:
             self.check_broadcast(x, name, self.shape)
         return x
 
+    def _check_shape(self, x: torch.Tensor, name: str, shape):
+        """``x`` broadcasts to ``shape`` (default: per step). A per-row input that fits the rows
+        of the same data read time-major (time at dim 0, where this call has it last) gets a
+        hint in the error: the usual cause is ``[T, N]`` data passed with the default
+        ``time_dim=-1``."""
+        shape = self.shape if shape is None else shape
+        if broadcasts(x, shape):
+            return
+        hint = ""
+        if tuple(shape) == tuple(self.row_shape) and len(self.shape) >= 2 and self.tdim == len(self.shape) - 1 \
+                and broadcasts(x, self.shape[1:]):
+            hint = " (time-major data? pass time_dim=0)"
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, which does not broadcast to {tuple(shape)}{hint}")
+
     @staticmethod
     def check_broadcast(x: torch.Tensor, name: str, shape):
-        have, want = tuple(x.shape), tuple(shape)
-        if have == want:
-            return
-        n = len(have)
-        ok = n <= len(want) and all(h in (1, w) for h, w in zip(have, want[len(want) - n:]))
-        if not ok:
+        if not broadcasts(x, shape):
             raise ValueError(f"{name} has shape {tuple(x.shape)}, which does not broadcast to {tuple(shape)}")
 
     # -- views -------------------------------------------------------------------------------

@@ -77,6 +77,12 @@ class Chunk(NamedTuple):
     # where not None, the fused call's plan (Plan) goes to record(plan) instead of a launch, and
     # the call ends there (record raises)
     record: object = None
+    # True: the call checks its arguments and ends there, raising Checked (nothing launched)
+    check: bool = False
+
+
+class Checked(Exception):
+    """Raised by a call running as a checking chunk (``Chunk.check``) once its arguments passed."""
 
 
 CHUNK: contextvars.ContextVar = contextvars.ContextVar("rl_triton_chunk", default=None)

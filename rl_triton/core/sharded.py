@@ -47,11 +47,14 @@ class Rule(NamedTuple):
     ``boundary(kw, first)`` the window-end inputs a chunk takes from the next chunk's first step
     (``first(name)``: that input at the chunk's first step, per row), by argument name;
     ``hands(kw, first, last, a, b)``: the value handed on, where not the scan value at the edge;
-    ``own(kw, last)``: the window end's own value of a boundary input that goes to the kernel."""
+    ``own(kw, last)``: the window end's own value of a boundary input that goes to the kernel;
+    ``aligned``: flag arguments with fewer dims than the reference that cover its leading dims
+    (time included) and broadcast over the trailing ones, as the unsharded call aligns them."""
     reverse: bool | None
     boundary: object = None
     hands: object = None
     own: object = None
+    aligned: tuple = ()  # flags that cover the leading dims, time included (traces' done)
 
 
 def _gae_boundary(kw, first):
@@ -112,8 +115,8 @@ RULES = {
     "td_lambda_return": Rule(True, _starts_boundary),
     "discounted_return": Rule(True, _starts_boundary),
     "retrace": Rule(True, _starts_boundary, _retrace_hands),
-    "eligibility_trace": Rule(False, None, _trace_hands),
-    "episodic_cumsum": Rule(False, None, _trace_hands),
+    "eligibility_trace": Rule(False, None, _trace_hands, aligned=("done",)),
+    "episodic_cumsum": Rule(False, None, _trace_hands, aligned=("done",)),
     "affine_scan": Rule(None),
 }
 
@@ -158,6 +161,8 @@ def run(fn, kw: dict):
             x = kw[name]
             if not isinstance(x, torch.Tensor):
                 return torch.full(rows_shape, float(x), dtype=cd, device=device)
+            if name in rule.aligned:
+                x = inputs.align_leading(x, ref.ndim, tdim)
             return x.expand(ref.shape).select(tdim, t) if steps else torch.zeros(rows_shape, dtype=x.dtype,
                                                                                   device=device)
         return step
@@ -166,6 +171,18 @@ def run(fn, kw: dict):
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     lam = _handed_lambda(fn, kw)
+    # every argument is checked before the first collective, on every rank, so that a rank
+    # that raises leaves none waiting: a chunk without steps by its own empty call, one that
+    # exchanges boundary inputs by a checking pass (the others' first pass checks them)
+    if not steps or not n_rows:
+        empty = fn(**kw, out=out)
+        if not n_rows:  # no rows on any rank (every rank holds the same rows): nothing to exchange
+            return _whitened(empty, kw, whiten, group)
+    elif rule.boundary is not None and reverse and lam is None:
+        try:
+            _one_call(fn, {**kw, "out": out}, Chunk(None, None, check=True))
+        except plans.Checked:
+            pass
     if key is not None and steps and (plan is None or launch.plan_forced()):
         plan = ChunkPlan.build(fn, kw, out, rule, reverse, lam, two_state, at, group, world, rank, device)
         if not launch.plan_forced():
@@ -202,7 +219,7 @@ def run(fn, kw: dict):
         if lam is not None:
             edge[:, 0] = at(0)("values").reshape(-1).to(edge.dtype) + lam * edge[:, 0]
     if lam is not None:
-        edge[:, 2] = _own(kw.get("bootstrap_value"), rows_shape, edge[:, 2])
+        edge[:, 2] = _own(kw.get("bootstrap_value"), rows_shape, edge[None, :, 2])
     if two_state and kw.get("bootstrap_value") is not None:
         edge[:, -1] = kw["bootstrap_value"].expand(rows_shape).reshape(-1)
     # 3. one all-gather of the maps (with whether each chunk has steps), folded to this chunk;
@@ -223,7 +240,7 @@ def run(fn, kw: dict):
         result = _second_pass(fn, local_kw, result, out, Chunk(carry, None, kernel_args), tdim, reverse, two_state,
                               ref, launch.resolve_backend(kw.get("backend"), device))
     else:
-        result = fn(**kw, out=out)  # the function's own empty outputs
+        result = empty  # the function's own empty outputs
     return _whitened(result, kw, whiten, group)
 
 
@@ -341,18 +358,17 @@ TAIL_FRACTION = 16
 
 def _second_pass(fn, kw, first, out, chunk, tdim, reverse, two_state, ref, backend):
     """The chunk's outputs from its carry (``chunk``), into ``out`` or the first pass's outputs
-    ``first``. Where the first pass wrote its outputs (numba and torch, CPU tensors), only the
-    steps that the carry reaches are run again: the tail that ends where the scan starts (its
-    last ``L`` steps for reverse scans, first for forward), when its map's gain from the carry is
-    0 on every row (a zero coefficient, a done, lies in it, or the product of coefficients
-    underflows); then the outputs before it are the first pass's as they stand. Otherwise, and on
-    Triton (whose first pass computes the map alone), the whole chunk again."""
+    ``first`` (fresh memory). Where the first pass wrote its outputs (numba and torch, CPU
+    tensors), only the steps that the carry reaches are run again: the tail that ends where the
+    scan starts (its last ``L`` steps for reverse scans, first for forward), when its map's gain
+    from the carry is 0 on every row (a zero coefficient, a done, lies in it, or the product of
+    coefficients underflows); then the outputs before it are the first pass's as they stand.
+    Otherwise, and on Triton (whose first pass computes the map alone), the whole chunk again.
+    The tail runs into ``first`` and is copied into ``out`` after it: ``out`` may alias the
+    inputs, which the tail still reads (the whole chunk's call handles aliasing itself)."""
     steps = ref.shape[tdim]
     tail = max(TAIL_STEPS, steps // TAIL_FRACTION)
-    outs = first if isinstance(first, tuple) else (first,)
-    if out is not None:
-        given = out if isinstance(out, (tuple, list)) else (out,)
-        outs = tuple(o.copy_(f) for o, f in zip(given, outs)) if backend != "triton" else tuple(given)
+    fresh = first if isinstance(first, tuple) else (first,)
     if backend != "triton" and ref.device.type == "cpu" and tail < steps and all(
             not isinstance(x, torch.Tensor) or name in PER_SEQUENCE or x.ndim == ref.ndim for name, x in kw.items()):
         lo = steps - tail if reverse else 0
@@ -362,14 +378,18 @@ def _second_pass(fn, kw, first, out, chunk, tdim, reverse, two_state, ref, backe
                 return x.narrow(tdim, lo, tail)
             return x
         width = 5 if two_state else 2
-        edge = torch.zeros(outs[0].numel() // steps, width + 1, dtype=torch.float64)
-        views = tuple(o.narrow(tdim, lo, tail) for o in outs)
+        edge = torch.zeros(fresh[0].numel() // steps, width + 1, dtype=torch.float64)
+        views = tuple(o.narrow(tdim, lo, tail) for o in fresh)
         _one_call(fn, {**{k: cut(k, x) for k, x in kw.items()}, "out": views if len(views) > 1 else views[0]},
                   chunk._replace(edge=edge))
         gains = edge[:, [1, 3, 4]] if two_state else edge[:, 1]
         if not (gains != 0).any():
+            if out is None:
+                return first
+            given = out if isinstance(out, (tuple, list)) else (out,)
+            outs = tuple(o.copy_(f) for o, f in zip(given, fresh))
             return outs if len(outs) > 1 else outs[0]
-    return _one_call(fn, {**kw, "out": outs if len(outs) > 1 else outs[0]}, chunk)
+    return _one_call(fn, {**kw, "out": first if out is None else out}, chunk)
 
 
 def _handed_lambda(fn, kw):

@@ -1,10 +1,14 @@
 """Masked whitening: the advantage normalisation of LLM RL trainers (verl, OpenRLHF), over the
 valid elements of one tensor or of every rank of a ``torch.distributed`` process group.
 
-Torch ops on any device (two reductions for the statistics, one elementwise pass for the
-output, and with a group one collective in between); on the Triton backend three kernel passes
+Every path forms the statistics ``(n, mean, M2)`` in float64 and the output ``(x - mean) * rstd``
+in float64, rounded once to ``x``'s dtype (float32 only on MPS, which has no float64), so the
+backends and layouts differ only in the order of float64 sums. Torch ops on any device (two
+reductions for the statistics, one elementwise pass for the output, and with a group one
+collective in between); on the Triton backend three kernel passes
 (rl_triton/core/kernels/moments.py); on the numba backend the statistics are one kernel
-(rl_triton/core/cpu.py, ``masked_moments``). No host synchronisation anywhere (no
+(rl_triton/core/cpu.py, ``masked_moments``) and the output another (``whiten_apply``), or
+both one (``whiten_all``) without a mask. No host synchronisation anywhere (no
 ``.item()``, no branch on a tensor value), so an empty or one-element selection gives NaN
 instead of an exception. Semantics: docs/semantics.md.
 """
@@ -41,8 +45,11 @@ def masked_moments(x, mask=None, *, group=None):
         mean      = sum(x[valid]) / n
         m2        = sum((x[valid] - mean)**2)
 
-    Three 0-d tensors on ``x``'s device: ``count`` int64, ``mean`` and ``m2`` in float32
-    (float64 for float64 ``x``). ``n = 0`` gives ``mean = NaN`` (0/0) and ``m2 = 0``; nothing
+    ``x``: a floating-point tensor of any shape; ``mask``: bool, integer or float of ``x``'s
+    shape and device, nonzero marks a valid element (None: all). Three 0-d tensors on ``x``'s
+    device: ``count`` int64, ``mean`` and ``m2`` float64 whatever ``x``'s dtype (float32 on
+    MPS, which has no float64): the sums run in float64, so float32 data of order 1e20, whose
+    squared deviations overflow float32, keep a finite ``m2``. ``n = 0`` gives ``mean = NaN`` (0/0) and ``m2 = 0``; nothing
     raises. Values at positions outside the mask are never read into the sums, NaN included.
     ``group`` is a ``torch.distributed`` ProcessGroup (e.g. ``dist.group.WORLD``) or None for
     this process alone; each rank passes its own shard, and all ranks get the same statistics
@@ -50,12 +57,11 @@ def masked_moments(x, mask=None, *, group=None):
     al.'s parallel formula in float64).
     """
     x, mask, group = _check_x_mask_group(x, mask, group)
-    cd = inputs.compute_dtype(x.dtype)
-    n, mean, m2 = _local_moments(x, mask, cd)
+    n, mean, m2 = _local_moments(x, mask)
     if group is None:
         return n, mean, m2
     n, mean, m2 = _combine(n, mean, m2, group)
-    return n.to(torch.int64), mean.to(cd), m2.to(cd)
+    return n.to(torch.int64), mean, m2
 
 
 # masked_whiten's options beside x, mask, out and backend (``gae(whiten=dict(...))`` takes them)
@@ -110,8 +116,9 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
         y = (x - mean) * rstd,  then y + mean     if not shift_mean
 
     ``y`` covers every position, the masked ones included (same ``mean`` and ``rstd``), and has
-    ``x``'s shape and dtype; statistics accumulate in float32 (float64 for float64 ``x``), mean
-    first, then the sum of squared deviations. verl: the defaults. OpenRLHF: ``unbiased=False,
+    ``x``'s shape and dtype. On every backend and layout the statistics accumulate in float64
+    (mean first, then the sum of squared deviations) and ``y`` is formed in float64 and rounded
+    once to ``x``'s dtype (float32 on MPS, which has no float64). verl: the defaults. OpenRLHF: ``unbiased=False,
     eps_mode="clamp"``, plus ``scale=False`` for ``--algo.advantage.no_std_norm``. rsl_rl, skrl
     and rl_games (``(x - x.mean()) / (x.std() + 1e-8)`` over the whole batch): ``mask=None,
     eps_mode="std"``.
@@ -124,9 +131,14 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
     Differentiable without ``out`` and ``group``. ``backend`` as for the estimators: on the Triton
     backend, without a group or gradients, contiguous tensors take three kernel passes (block
     partials ``(n, mean, M2)``, their fold, the normalisation); on the numba backend (CPU, no
-    gradients) the statistics are one kernel (each row's ``(n, mean, M2)`` in float64, folded by
-    Chan et al.'s formula), the normalisation torch ops, and without a mask (contiguous, no
-    group) statistics and output are one kernel; elsewhere torch ops.
+    gradients) the statistics are one kernel (each row's ``(n, mean, M2)``, folded by Chan et
+    al.'s formula) and the normalisation another, and without a mask (``x`` and ``out`` dense in
+    one memory order, no group) statistics and output are one kernel; elsewhere torch ops.
+
+    ``x``: floating-point tensor, any shape. ``mask``: see above (None: every element).
+    ``unbiased``, ``shift_mean``, ``scale``: bools, see the formulas. ``eps``: number >= 0.
+    ``eps_mode``: "add", "clamp" or "std". ``group``: a ``torch.distributed`` ProcessGroup
+    (statistics over every rank's valid elements) or None. ``out``, ``backend``: above.
     """
     x, mask, group = _check_x_mask_group(x, mask, group)
     eps = check_whiten_options(unbiased, shift_mean, scale, eps, eps_mode)
@@ -136,45 +148,61 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
         if grad:
             raise ValueError("out= does not support autograd; call without out= to get gradients")
 
-    cd = inputs.compute_dtype(x.dtype)
     backend = launch.resolve_backend(backend, x.device)
     if backend == "triton" and group is None and not grad and not torch.compiler.is_compiling() \
             and x.is_contiguous() and (mask is None or mask.is_contiguous()) and (out is None or out.is_contiguous()):
         y = out if out is not None else torch.empty_like(x)
         _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode)
         return y
-    if backend == "cpu" and not grad and x.numel() and mask is None and group is None and x.dtype == cd \
-            and x.is_contiguous() and (out is None or out.is_contiguous()):
-        y = out if out is not None else torch.empty_like(x)  # every element: one kernel, statistics and output
-        cpu.whiten_flat(x, y, unbiased, shift_mean, scale, eps, EPS_MODES.index(eps_mode))
+    numba = backend == "cpu" and not grad and x.numel()
+    y = None
+    if numba:
+        y = out if out is not None else torch.empty_like(x)
+        if not cpu.same_dense_layout(x, y):
+            y = None
+    if y is not None and mask is None and group is None:
+        cpu.whiten_flat(x, y, unbiased, shift_mean, scale, eps, EPS_MODES.index(eps_mode))  # one kernel
         return y
-    if backend == "cpu" and not grad and x.numel():
-        n, mean, m2 = _row_moments(x, mask, cd)
+    if numba:
+        n, mean, m2 = _row_moments(x, mask)
     else:
-        n, mean, m2 = _local_moments(x, mask, cd)
+        n, mean, m2 = _local_moments(x, mask)
     if group is not None:
         n, mean, m2 = _combine(n, mean, m2, group)
+    if y is not None and mean.dtype == torch.float64:
+        rstd = _rstd(n, m2, unbiased, scale, eps, eps_mode)
+        # the output pass in one kernel; 0-d CPU tensors read as numbers without a synchronisation
+        cpu.whiten_apply(x, y, float(mean), 1.0 if rstd is None else float(rstd), shift_mean)
+        return y
     return _normalized(x, n, mean, m2, out, grad, unbiased, shift_mean, scale, eps, eps_mode)
 
 
-def _normalized(x, n, mean, m2, out, grad, unbiased, shift_mean, scale, eps, eps_mode):
-    """``(x - mean) * rstd`` (and ``+ mean`` where not ``shift_mean``) from the statistics, into
-    ``out`` (None: fresh memory; may be ``x``)."""
-    cd = inputs.compute_dtype(x.dtype)
-    rstd = None
-    if scale:
-        var = m2 / (n - 1) if unbiased else m2 / n
-        if eps_mode == "std":
-            rstd = (1.0 / (var.sqrt() + eps)).to(cd)
-        else:
-            rstd = torch.rsqrt(var + eps if eps_mode == "add" else var.clamp(min=eps)).to(cd)
-    mean = mean.to(cd)
+def _stats_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of the statistics and of the output pass: float64 (float32 on MPS, which has none)."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
-    xf = x if x.dtype == cd else x.to(cd)
-    if out is x and x.dtype == cd:
+
+def _rstd(n, m2, unbiased, scale, eps, eps_mode):
+    """``rstd`` (a 0-d tensor in ``m2``'s dtype) from the statistics; None where not ``scale``."""
+    if not scale:
+        return None
+    var = m2 / (n - 1) if unbiased else m2 / n
+    if eps_mode == "std":
+        return 1.0 / (var.sqrt() + eps)
+    return torch.rsqrt(var + eps if eps_mode == "add" else var.clamp(min=eps))
+
+
+def _normalized(x, n, mean, m2, out, grad, unbiased, shift_mean, scale, eps, eps_mode):
+    """``(x - mean) * rstd`` (and ``+ mean`` where not ``shift_mean``) from the statistics, in
+    the statistics' dtype (float64; float32 on MPS) and rounded once to ``x``'s dtype, into
+    ``out`` (None: fresh memory; may be ``x``)."""
+    sd = mean.dtype
+    rstd = _rstd(n, m2, unbiased, scale, eps, eps_mode)
+
+    if out is x and x.dtype == sd:
         y = out.sub_(mean)  # whitening in place: the statistics are complete, each element is read once
     else:
-        y = xf - mean  # fresh memory: the in-place steps below never write to x
+        y = x.to(sd) - mean  # fresh memory: the in-place steps below never write to x
     if rstd is not None:
         y = y * rstd if grad else y.mul_(rstd)
     if not shift_mean:
@@ -185,10 +213,12 @@ def _normalized(x, n, mean, m2, out, grad, unbiased, shift_mean, scale, eps, eps
 
 
 # -- statistics ------------------------------------------------------------------------------
-def _row_moments(x: torch.Tensor, mask: torch.Tensor | None, cd: torch.dtype):
-    """``_local_moments`` by the numba kernel: the elements of ``x`` in memory order, in rows of
-    ``cpu.WHITEN_ROW`` (a shorter last one; in cache for both passes), each row reduced to its ``(n, mean, M2)`` in float64,
-    the rows folded by Chan et al.'s formula; in ``cd`` (n int64)."""
+def _row_moments(x: torch.Tensor, mask: torch.Tensor | None):
+    """``_local_moments`` by the numba kernel: the elements of ``x`` in row-major order, in rows of
+    ``cpu.WHITEN_ROW`` (a shorter last one; in cache for both passes), each row reduced to its
+    ``(n, mean, M2)`` in float64, the rows folded by Chan et al.'s formula (n int64, the rest
+    float64)."""
+    cd = inputs.compute_dtype(x.dtype)  # float16/bfloat16 read as float32 (exact), numba reads no others
     flat = (x if x.dtype == cd else x.to(cd)).reshape(-1)
     valid = None if mask is None else mask.reshape(-1)
     width = min(flat.numel(), cpu.WHITEN_ROW)
@@ -197,11 +227,13 @@ def _row_moments(x: torch.Tensor, mask: torch.Tensor | None, cd: torch.dtype):
     if whole < flat.numel():
         parts.append(cpu.row_moments(flat[whole:].view(1, -1), None if valid is None else valid[whole:].view(1, -1)))
     n, mean, m2 = _chan(*torch.cat(parts).unbind(1))
-    return n.to(torch.int64), mean.to(cd), m2.to(cd)
+    return n.to(torch.int64), mean, m2
 
 
-def _local_moments(x: torch.Tensor, mask: torch.Tensor | None, cd: torch.dtype):
-    """(n int64, mean, m2) of this process's valid elements, in ``cd``; two passes over x."""
+def _local_moments(x: torch.Tensor, mask: torch.Tensor | None):
+    """(n int64, mean, m2) of this process's valid elements, mean and m2 in float64 (float32 on
+    MPS); two passes over x."""
+    cd = _stats_dtype(x.device)
     xf = x if x.dtype == cd else x.to(cd)
     if mask is None:
         n = torch.full((), x.numel(), dtype=torch.int64, device=x.device)
@@ -226,7 +258,6 @@ def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
     rl_triton/core/kernels/moments.py: block partials, their fold, the normalisation. The first
     call of a specialisation goes through Triton's dispatch; later ones call the compiled
     kernels' launchers with data pointers (Triton's dispatch costs tens of microseconds a launch)."""
-    import triton.language as tl
 
     from . import kernels
     from .kernels import moments as k
@@ -234,17 +265,16 @@ def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
     flat, out = x.view(-1), y.view(-1)
     valid = None if mask is None else mask.view(-1)
     n = flat.numel()
-    acc = tl.float64 if x.dtype == torch.float64 else tl.float32
-    parts = torch.empty(max(1, -(-n // k.BLOCK)), 3, dtype=inputs.compute_dtype(x.dtype), device=x.device)
+    parts = torch.empty(max(1, -(-n // k.BLOCK)), 3, dtype=torch.float64, device=x.device)
     stats = torch.empty(2, dtype=torch.float64, device=x.device)
     P = parts.shape[0]
     m = flat if valid is None else valid
     ptrs = [t.data_ptr() for t in (flat, m, parts, stats, out)]
     # each launch: grid, runtime arguments, compile-time arguments (in the kernels' order)
     calls = (
-        ((P,), (ptrs[0], ptrs[1], ptrs[2], n), (valid is not None, k.BLOCK, acc)),
+        ((P,), (ptrs[0], ptrs[1], ptrs[2], n), (valid is not None, k.BLOCK)),
         ((1,), (ptrs[2], ptrs[3], P, eps), (unbiased, scale, eps_mode == "clamp", eps_mode == "std", k.FOLD_BLOCK)),
-        ((P,), (ptrs[0], ptrs[4], ptrs[3], n), (not shift_mean, k.BLOCK, acc)),
+        ((P,), (ptrs[0], ptrs[4], ptrs[3], n), (not shift_mean, k.BLOCK)),
     )
     # what Triton specialises the kernels on: dtypes, the compile-time arguments, pointers' 16-byte
     # alignment, sizes divisible by 16, equal to 1 or past int32
@@ -258,10 +288,10 @@ def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
                        *constexprs)
         return
     compiled = (
-        k.moments_kernel[(P,)](flat, m, parts, n, HAS_MASK=valid is not None, BLOCK=k.BLOCK, ACC=acc),
+        k.moments_kernel[(P,)](flat, m, parts, n, HAS_MASK=valid is not None, BLOCK=k.BLOCK),
         k.fold_kernel[(1,)](parts, stats, P, eps, UNBIASED=unbiased, SCALE=scale, CLAMP=eps_mode == "clamp",
                             STD=eps_mode == "std", FOLD_BLOCK=k.FOLD_BLOCK),
-        k.normalize_kernel[(P,)](flat, out, stats, n, SHIFT_BACK=not shift_mean, BLOCK=k.BLOCK, ACC=acc),
+        k.normalize_kernel[(P,)](flat, out, stats, n, SHIFT_BACK=not shift_mean, BLOCK=k.BLOCK),
     )
     if all(kernels.launchable(c) for c in compiled):
         _WHITEN_KERNELS[key] = compiled
@@ -307,7 +337,7 @@ def _combine_rows(n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, group, 
     with ``mean`` that of ``x - ref``, where ``ref`` is the shift of the first rank with
     ``n_i > 0``. Where every element equals one value the shifts are that value and the means 0,
     so ``mean`` and ``M2`` come out exactly 0."""
-    xd = torch.float32 if mean.device.type == "mps" else torch.float64
+    xd = _stats_dtype(mean.device)
     parts = (n, mean, m2) if shift is None else (n, mean, m2, shift)
     local = torch.stack([p.to(xd) for p in parts])
     gathered = gather_ranks(local.reshape(-1), group).view(-1, len(parts), n.numel()).unbind(1)

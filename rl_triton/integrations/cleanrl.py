@@ -54,8 +54,10 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma: float, gae
         gamma: the discount in [0, 1].
         gae_lambda: the GAE lambda in [0, 1].
     """
-    if not isinstance(rewards, torch.Tensor) or rewards.ndim != 2:
-        raise ValueError("rewards must be a (num_steps, num_envs) tensor")
+    if not isinstance(rewards, torch.Tensor):
+        raise TypeError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be a (num_steps, num_envs) tensor, got shape {tuple(rewards.shape)}")
     n = rewards.shape[1]
     bootstrap = _row(next_value, n, "next_value")
     if bootstrap.dtype != rewards.dtype:

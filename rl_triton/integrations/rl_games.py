@@ -25,8 +25,11 @@ rl_triton's observation-aligned flags, read in place (done[t] = mb_fdones[t+1], 
 ``fdones``, every done a termination, as rl_games folds the time-limit bootstrap into the
 rewards), broadcast over the heads; V(s_T) is ``last_extrinsic_values``. With ``mb_masks``
 (``[T, N]``) a masked step's advantage is 0 and nothing flows through it to the step before.
-Inputs of any other form, or a horizon that is not the tensors' length, take rl_games' own loop;
-where the fused call raises, the method raises what rl_games' own method raises, if it does.
+rl_games' trace factor gamma * tau * (1 - d[t]) is formed in the flags' dtype; where that rounds
+it above gamma (float64 rollouts, float32 flags, tau = 1) the recurrence runs as one
+``affine_scan`` on rl_games' per-step coefficients. Inputs of any other form (bool done flags
+too), or a horizon that is not the tensors' length, take rl_games' own loop; where the fused
+call raises, the method raises what rl_games' own method raises, if it does.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import threading
 
 import torch
 
-from .. import gae
+from .. import affine_scan, gae
 from ._patching import PatchState, error_of
 
 # the agent classes (AGENTS) are module attributes made on first access, not listed here
@@ -73,9 +76,11 @@ def _rl_games_method(name: str):
 
 
 def _fused_form(agent, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb_masks=None) -> bool:
-    """Whether the arguments have the form the fused call maps (else rl_games' loop runs)."""
+    """Whether the arguments have the form the fused call maps (else rl_games' loop runs, which
+    also raises rl_games' error for bool done flags: ``1.0 - flags`` takes no bool tensor)."""
     tensors = (fdones, last_values, mb_fdones, mb_values, mb_rewards) + (() if mb_masks is None else (mb_masks,))
-    if not all(isinstance(x, torch.Tensor) for x in tensors) or mb_rewards.ndim != 3:
+    if not all(isinstance(x, torch.Tensor) for x in tensors) or mb_rewards.ndim != 3 \
+            or torch.bool in (fdones.dtype, mb_fdones.dtype):
         return False
     T, N, K = mb_rewards.shape
     return (agent.horizon_length == T and mb_values.shape == (T, N, K) and last_values.shape == (N, K)
@@ -85,22 +90,41 @@ def _fused_form(agent, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb
 
 def _trace_factor(gamma: float, tau: float, flags: torch.Tensor, dtype: torch.dtype) -> float:
     """lmbda for rl_triton such that gamma * lmbda is rl_games' trace factor: the loop multiplies
-    ``gamma * tau`` by the flags' ``1 - done`` first, a tensor of the flags' float dtype."""
+    ``gamma * tau`` by the flags' ``1 - done`` first, a tensor of the flags' float dtype. Above 1
+    where that rounding lifts the factor above gamma (float64 rollouts with float32 flags and
+    ``tau = 1``)."""
     flag_dtype = torch.result_type(flags, 1.0)
     if flag_dtype == dtype or gamma == 0:
         return tau
     return torch.tensor(gamma * tau, dtype=flag_dtype).item() / gamma
 
 
+def _advantages_by_steps(gamma, tau, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb_masks):
+    """rl_games' recurrence A[t] = m[t] * (delta[t] + c[t] * A[t+1]) as one ``affine_scan``, its
+    coefficients formed as the loop forms them: delta[t] = r[t] + gamma * V[t+1] * (1 - d[t]) -
+    V[t] and the trace factor c[t] = gamma * tau * (1 - d[t]) in the flags' dtype (a factor
+    that ``gae``'s lmbda in [0, 1] cannot express where it rounds above gamma)."""
+    not_done = torch.cat([1.0 - mb_fdones[1:], (1.0 - fdones).unsqueeze(0)]).unsqueeze(-1)
+    next_values = torch.cat([mb_values[1:], last_values.unsqueeze(0)])
+    delta = mb_rewards + gamma * next_values * not_done - mb_values
+    trace = gamma * tau * not_done
+    if mb_masks is not None:  # m * delta + (m * c) * A[t+1] is m * (delta + c * A[t+1]) for 0/1 masks
+        mask = mb_masks.unsqueeze(-1)
+        delta, trace = delta * mask, trace * mask
+    return affine_scan(delta, trace.to(delta.dtype), time_dim=0).to(mb_rewards.dtype)
+
+
 def _advantages(agent, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb_masks=None):
     gamma, tau = float(agent.gamma), float(agent.tau)
     lmbda = _trace_factor(gamma, tau, fdones, mb_rewards.dtype)
+    boot = last_values if last_values.dtype == mb_rewards.dtype else last_values.to(mb_rewards.dtype)
+    values = mb_values if mb_values.dtype == mb_rewards.dtype else mb_values.to(mb_rewards.dtype)
+    if lmbda > 1:
+        return _advantages_by_steps(gamma, tau, fdones, boot, mb_fdones, values, mb_rewards, mb_masks)
     if mb_masks is not None:
         # a masked step t + 1 cuts the trace into step t (the advantages get the mask below)
         lmbda = torch.full(mb_rewards.shape[:2], lmbda, dtype=mb_rewards.dtype, device=mb_rewards.device)
         lmbda[:-1] *= mb_masks[1:]
-    boot = last_values if last_values.dtype == mb_rewards.dtype else last_values.to(mb_rewards.dtype)
-    values = mb_values if mb_values.dtype == mb_rewards.dtype else mb_values.to(mb_rewards.dtype)
     # [T, N, K] as [T, N * K], the kernels' plain time-major form, with the flags (and a per-step
     # lmbda) repeated over the heads: views for one head, a copy of the flags for several
     T, N, K = mb_rewards.shape
@@ -124,8 +148,8 @@ def _fused(name: str):
             original = _rl_games_method(name)
             if original is None:
                 raise ValueError(f"{name}: these arguments need rl_games' own loop (shapes other than "
-                                 "[T, N, K] values with [T, N] flags, or a horizon_length that is not T), "
-                                 "and rl_games is not imported")
+                                 "[T, N, K] values with [T, N] flags, a horizon_length that is not T, or "
+                                 "bool done flags), and rl_games is not imported")
             return original(self, *args)
         try:
             return _advantages(self, *args)

@@ -93,7 +93,8 @@ _calls = {"compute_value_targets": 0, "connector": 0, "vtrace_torch": 0}
 def call_counts() -> dict:
     """How often each fused path ran in this process: ``{"compute_value_targets": n,
     "connector": n, "vtrace_torch": n}`` (calls that fell back to RLlib's function not counted).
-    In a Learner actor: ``algo.learner_group.foreach_learner(lambda _: call_counts())``."""
+    In the Learner actors, one dict each:
+    ``[r.get() for r in algo.learner_group.foreach_learner(lambda _: call_counts())]``."""
     return dict(_calls)
 
 

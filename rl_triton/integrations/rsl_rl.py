@@ -29,8 +29,9 @@ bootstrap and the trace (``done=``, every done a termination); the next value is
 ``values[t+1]``, and V(s_T) the last values (``bootstrap_value=``); the normalisation is
 ``(A - A.mean()) / (A.std() + 1e-8)`` over the whole batch (``whiten=dict(eps_mode="std")``).
 ``storage.returns`` is written in place and ``storage.advantages`` rebound to a new tensor, as
-rsl_rl does. Storage that is not what these versions allocate (other shapes, non-float values)
-goes to rsl_rl's own method, with its own behaviour and errors.
+rsl_rl does. Storage that is not what these versions allocate (other shapes, non-float values),
+and last values that the fused call does not take (a critic with 2 outputs for 1-value storage),
+go to rsl_rl's own method as it was before ``patch()``, with its own behaviour and errors.
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ _Storage = _storage.RolloutStorage
 # up to 3.1 the loop is the storage's method, and PPO.compute_returns calls it
 STORAGE_LAYOUT = "compute_returns" in vars(_Storage)
 _ORIGINAL = (_Storage if STORAGE_LAYOUT else _RslPPO).__dict__["compute_returns"]
+# PPO's own method, read before patch() can replace it: the fallback of this module's method
+_PPO_ORIGINAL = _RslPPO.__dict__["compute_returns"]
 # what the installed version's PPO.compute_returns calls, read from its code: the critic (4.0
 # on; the actor-critic's ``policy.evaluate`` before) and the hidden state kept around it (5.3 on)
-_PPO_NAMES = _RslPPO.__dict__["compute_returns"].__code__.co_names
+_PPO_NAMES = _PPO_ORIGINAL.__code__.co_names
 _HAS_CRITIC = "critic" in _PPO_NAMES
 _KEEPS_HIDDEN_STATE = "get_hidden_state" in _PPO_NAMES
 _WHITEN = dict(eps_mode="std")  # rsl_rl's (A - mean) / (std + 1e-8), torch's unbiased std
@@ -68,16 +71,22 @@ def _mapped(storage) -> bool:
         and rewards.shape == dones.shape == returns.shape == values.shape and len({x.device for x in tensors}) == 1
 
 
-def _fused(storage, last_values: torch.Tensor, gamma, lam, normalize: bool) -> None:
+def _fused(storage, last_values: torch.Tensor, gamma, lam, normalize: bool) -> bool:
     """GAE (and the normalisation) into ``storage.returns`` (in place) and a new
-    ``storage.advantages``, for a storage that ``_mapped`` accepts."""
+    ``storage.advantages``, for a storage that ``_mapped`` accepts. False where ``gae`` rejects
+    the arguments (e.g. the last values of a critic with 2 outputs): rsl_rl's own method then
+    runs and writes the storage anew, with its result or its error."""
     values = storage.values
     if last_values.dtype != values.dtype:
         last_values = last_values.to(values.dtype)  # rsl_rl's loop promotes; the storage's dtype is the result's
     advantages = torch.empty_like(values)
-    gae(storage.rewards, values, bootstrap_value=last_values, done=storage.dones, gamma=float(gamma),
-        lmbda=float(lam), time_dim=0, whiten=_WHITEN if normalize else False, out=(advantages, storage.returns))
+    try:
+        gae(storage.rewards, values, bootstrap_value=last_values, done=storage.dones, gamma=float(gamma),
+            lmbda=float(lam), time_dim=0, whiten=_WHITEN if normalize else False, out=(advantages, storage.returns))
+    except (TypeError, ValueError):
+        return False
     storage.advantages = advantages
+    return True
 
 
 def compute_returns(self, obs) -> None:
@@ -90,7 +99,7 @@ def compute_returns(self, obs) -> None:
             bootstrap value V(s_T), as rsl_rl's method does.
     """
     if STORAGE_LAYOUT or not _mapped(self.storage):  # up to 3.1 PPO's part, then the storage's method
-        return _RslPPO.__dict__["compute_returns"](self, obs)
+        return _PPO_ORIGINAL(self, obs)
     if _HAS_CRITIC:
         hidden = self.critic.get_hidden_state() if _KEEPS_HIDDEN_STATE else None
         last_values = self.critic(obs).detach()
@@ -98,7 +107,8 @@ def compute_returns(self, obs) -> None:
             self.critic.reset(hidden_state=hidden)
     else:
         last_values = self.policy.evaluate(obs).detach()
-    _fused(self.storage, last_values, self.gamma, self.lam, not self.normalize_advantage_per_mini_batch)
+    if not _fused(self.storage, last_values, self.gamma, self.lam, not self.normalize_advantage_per_mini_batch):
+        _PPO_ORIGINAL(self, obs)  # with its own bootstrap pass (the critic's state restored above, 5.3 on)
 
 
 def storage_compute_returns(self, last_values, gamma, lam, normalize_advantage: bool = True) -> None:
@@ -108,15 +118,16 @@ def storage_compute_returns(self, last_values, gamma, lam, normalize_advantage: 
         self: rsl_rl's ``RolloutStorage``; ``returns`` is written in place and ``advantages``
             rebound to a new tensor.
         last_values: V(s_T) after the rollout's last step, ``[N, 1]`` as the storage's values
-            (cast to their dtype); a value that is not a tensor goes to rsl_rl's method.
+            (cast to their dtype). Where it is not a tensor, or the fused call rejects it (the
+            last values of a critic with 2 outputs), rsl_rl's own method runs.
         gamma: the discount, a number in [0, 1].
         lam: the GAE lambda, a number in [0, 1].
         normalize_advantage: whether to normalise the advantages over the whole batch,
             ``(A - A.mean()) / (A.std() + 1e-8)``.
     """
-    if not _mapped(self) or not isinstance(last_values, torch.Tensor):
-        return _ORIGINAL(self, last_values, gamma, lam, normalize_advantage)
-    _fused(self, last_values, gamma, lam, normalize_advantage)
+    if not _mapped(self) or not isinstance(last_values, torch.Tensor) \
+            or not _fused(self, last_values, gamma, lam, normalize_advantage):
+        _ORIGINAL(self, last_values, gamma, lam, normalize_advantage)
 
 
 class PPO(_RslPPO):

@@ -19,10 +19,13 @@ Flags (``term``, ``done``) are ``[R, T]`` arrays read as "true where nonzero".
 ``gamma`` / ``lmbda`` are ``[R, T]`` arrays (already broadcast; per-step value at index t).
 Per-row inputs (``bootstrap``, ``initial``) are ``[R]`` arrays.
 Retrace's full-distribution form takes ``next_pi`` / ``next_q`` of shape ``[R, T, A]``.
+The whitening functions (section 15) take ``x`` of any shape and a ``mask`` of its shape.
 rl_triton.testing.catalog maps a library call's arguments to these arrays.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -35,6 +38,8 @@ __all__ = [
     "gae",
     "gae_masked",
     "implied_next_values",
+    "masked_moments",
+    "masked_whiten",
     "retrace",
     "td_lambda_return",
     "vtrace",
@@ -392,4 +397,56 @@ def affine_scan(alpha, beta, reverse=True, initial=None):
         for t in order:
             carry = a[i, t] if b[i, t] == 0 else a[i, t] + b[i, t] * carry
             y[i, t] = carry
+    return y
+
+
+# -- masked whitening (docs/semantics.md, section 15.1) ---------------------------------------------
+def _sum(values):
+    """The float64 sum of ``values``, correctly rounded (``math.fsum``) where the exact sum is a
+    finite number; the IEEE sum (inf, NaN) where it is not."""
+    try:
+        return math.fsum(values)
+    except (ValueError, OverflowError):  # inf - inf, or a sum past the float64 range
+        return float(np.sum(values))
+
+
+@_ieee
+def masked_moments(x, mask=None):
+    """(n, mean, M2) of the valid elements of ``x`` (``mask`` nonzero; all when None), as Python
+    numbers: n = #valid, mean = sum(x[valid]) / n, M2 = sum((x[valid] - mean)**2); the sums
+    correctly rounded in float64; n = 0 gives mean = NaN, M2 = 0."""
+    x = _f(x).reshape(-1)
+    valid = [float(v) for v, keep in zip(x, np.ones(x.shape, bool) if mask is None else _b(mask).reshape(-1))
+             if keep]
+    n = len(valid)
+    mean = float(np.float64(_sum(valid)) / np.float64(n))
+    return n, mean, _sum([(v - mean) * (v - mean) for v in valid])
+
+
+@_ieee
+def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, eps=1e-8, eps_mode="add"):
+    """y = (x - mean) * rstd at every position (masked ones included), plus mean again where not
+    ``shift_mean``; the statistics of :func:`masked_moments` over the valid elements, and
+    var  = M2 / (n - 1) (unbiased) or M2 / n,
+    rstd = 1 / sqrt(var + eps) ("add"), 1 / sqrt(max(var, eps)) ("clamp", NaN stays NaN),
+           1 / (sqrt(var) + eps) ("std"), or 1 where not ``scale``.
+    float64 array of ``x``'s shape."""
+    n, mean, m2 = masked_moments(x, mask)
+    x = _f(x)
+    rstd = np.float64(1.0)
+    if scale:
+        var = np.float64(m2) / np.float64(n - 1 if unbiased else n)
+        if eps_mode == "std":
+            rstd = 1.0 / (np.sqrt(var) + eps)
+        elif eps_mode == "clamp":
+            rstd = 1.0 / np.sqrt(var if (var > eps or np.isnan(var)) else np.float64(eps))
+        elif eps_mode == "add":
+            rstd = 1.0 / np.sqrt(var + eps)
+        else:
+            raise ValueError(f"eps_mode must be 'add', 'clamp' or 'std', got {eps_mode!r}")
+    y = np.empty(x.shape)
+    for i, v in np.ndenumerate(x):
+        y[i] = (v - mean) * rstd
+        if not shift_mean:
+            y[i] = y[i] + mean
     return y

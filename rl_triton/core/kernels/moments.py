@@ -1,7 +1,9 @@
 """Masked moments and whitening over a flat tensor: one pass that reduces blocks of elements to
 ``(n, mean, M2)`` partials, one small program that folds the partials (Chan et al.'s parallel
-formula) into the mean and the scale, and one elementwise pass that applies them. Not a scan:
-``rl_triton/core/whiten.py`` is its only caller."""
+formula) into the mean and the scale, and one elementwise pass that applies them. Everything in
+float64 whatever the data's dtype (float32 data of order 1e20 has squared deviations past the
+float32 range), the output rounded once to its dtype. Not a scan: ``rl_triton/core/whiten.py``
+is its only caller."""
 
 import triton
 import triton.language as tl
@@ -11,18 +13,18 @@ FOLD_BLOCK = 1024  # partials the folding program reads at a time
 
 
 @triton.jit
-def moments_kernel(x, m, parts, N, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr):
-    """parts[p] = (n, mean, M2) of the valid elements of block p (mean 0 where n = 0); the sum of
-    squared deviations about the block's own mean, from registers."""
+def moments_kernel(x, m, parts, N, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
+    """parts[p] = (n, mean, M2) of the valid elements of block p (mean 0 where n = 0), float64;
+    the sum of squared deviations about the block's own mean, from registers."""
     p = tl.program_id(0)
     offs = p.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < N
-    v = tl.load(x + offs, mask=inside, other=0.0).to(ACC)
+    v = tl.load(x + offs, mask=inside, other=0.0).to(tl.float64)
     if HAS_MASK:
         valid = inside & (tl.load(m + offs, mask=inside, other=0) != 0)
     else:
         valid = inside
-    n = tl.sum(valid.to(ACC), 0)
+    n = tl.sum(valid.to(tl.float64), 0)
     mean = tl.sum(tl.where(valid, v, 0.0), 0) / tl.maximum(n, 1.0)
     d = tl.where(valid, v - mean, 0.0)
     tl.store(parts + 3 * p, n)
@@ -79,13 +81,17 @@ def fold_kernel(parts, stats, P, eps, UNBIASED: tl.constexpr, SCALE: tl.constexp
 
 
 @triton.jit
-def normalize_kernel(x, y, stats, N, SHIFT_BACK: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr):
-    """y = (x - mean) * rstd, plus mean again where SHIFT_BACK."""
+def normalize_kernel(x, y, stats, N, SHIFT_BACK: tl.constexpr, BLOCK: tl.constexpr):
+    """y = (x - mean) * rstd, plus mean again where SHIFT_BACK: in float64, then rounded to y's
+    dtype as torch rounds float64 (through float32 for float16/bfloat16)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < N
-    mean = tl.load(stats).to(ACC)
-    rstd = tl.load(stats + 1).to(ACC)
-    out = (tl.load(x + offs, mask=inside, other=0.0).to(ACC) - mean) * rstd
+    mean = tl.load(stats).to(tl.float64)
+    rstd = tl.load(stats + 1).to(tl.float64)
+    out = (tl.load(x + offs, mask=inside, other=0.0).to(tl.float64) - mean) * rstd
     if SHIFT_BACK:
         out = out + mean
-    tl.store(y + offs, out, mask=inside)
+    if y.dtype.element_ty == tl.float64:
+        tl.store(y + offs, out, mask=inside)
+    else:
+        tl.store(y + offs, out.to(tl.float32).to(y.dtype.element_ty), mask=inside)
