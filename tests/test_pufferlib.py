@@ -131,6 +131,20 @@ def test_errors_name_the_argument():
         assert isinstance(info.value, RuntimeError)  # what PufferLib's op raises
 
 
+@pytest.mark.parametrize("shape", [(8,), ()])
+def test_values_of_fewer_than_2_dims_raise_index_error(shape):
+    """PufferLib's op reads ``values.size(0)`` and ``values.size(1)`` before its checks, an
+    IndexError for values of fewer than 2 dims (as the transcription's reads of the shape): the
+    drop-in raises DimError, an IndexError (and rl_triton's ValueError) naming the argument."""
+    x, values = torch.zeros(2, 4), torch.zeros(shape)
+    args = (values, x, x, x, x, 0.99, 0.95, 1.0, 1.0)
+    with pytest.raises(IndexError):
+        pufferlib_advantage(*args)
+    with pytest.raises(rt_puffer.DimError, match="values must be 2-D") as info:
+        rt_puffer.compute_puff_advantage(*args)
+    assert isinstance(info.value, IndexError) and isinstance(info.value, ValueError)
+
+
 # ---------------------------------------------------------------------------------------------
 # PufferLib's own CPU op, built from its source distribution
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +220,11 @@ def test_pufferlib_op_rejects_what_the_drop_in_rejects(puffer_op):
             puffer_op(*args, 0.99, 0.95, 1.0, 1.0)
         with pytest.raises(RuntimeError):
             rt_puffer.compute_puff_advantage(*args, 0.99, 0.95, 1.0, 1.0)
+    args = (torch.zeros(8), x, x, x, x, 0.99, 0.95, 1.0, 1.0)
+    with pytest.raises(IndexError):
+        puffer_op(*args)
+    with pytest.raises(IndexError):
+        rt_puffer.compute_puff_advantage(*args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,3 +329,21 @@ def test_nan_ratio():
     ratio[0, 2] = math.nan
     got = rt_puffer.compute_puff_advantage(values, rewards, dones, ratio, torch.zeros(1, 6), 0.99, 0.95, 1.0, 1.0)
     assert torch.isnan(got[0, :3]).all() and not torch.isnan(got[0, 3:]).any()
+
+
+def test_nan_stops_at_the_episode_end():
+    """A NaN reward after a terminal in its row: PufferLib's loop multiplies the carried
+    advantage by ``1 - terminals`` (0 * NaN = NaN) and carries the NaN to every earlier step of
+    the row; rl_triton stops it at the episode end (docs/semantics.md, section 11), where the
+    earlier steps are PufferLib's advantages of the row with that reward finite."""
+    values, rewards, dones, ratio = _draw(3, 12, torch.float64, 13, p_done=0.0)
+    dones.zero_()
+    dones[1, 5] = 1  # the episode of row 1 ends with the transition into observation 5
+    setting = SETTINGS[1]
+    finite = pufferlib_advantage(values, rewards, dones, ratio, torch.zeros(3, 12, dtype=torch.float64), *setting)
+    rewards[1, 9] = math.nan
+    theirs = pufferlib_advantage(values, rewards, dones, ratio, torch.zeros(3, 12, dtype=torch.float64), *setting)
+    ours = rt_puffer.compute_puff_advantage(values, rewards, dones, ratio, torch.zeros(3, 12, dtype=torch.float64), *setting)
+    assert theirs[1, :9].isnan().all() and ours[1, 5:9].isnan().all()
+    assert torch.equal(ours[:, 5:].isnan(), theirs[:, 5:].isnan())
+    torch.testing.assert_close(ours[:, :5], finite[:, :5], **_tol(torch.float64, finite))

@@ -199,9 +199,25 @@ def test_connector_math_equals_rllib_on_random_batches(dtype):
     # RLlib 2.60, general_advantage_estimation.py, GeneralAdvantageEstimation.__call__ (transcribed)
     a = expected_targets - v
     expected_adv = (a - a.mean()) / max(1e-4, a.std())
-    assert targets.dtype == torch.float32 and adv.dtype == dtype
+    assert targets.dtype == adv.dtype == torch.float32  # as RLlib's NumpyToTensor makes them
     np.testing.assert_allclose(targets.numpy(), expected_targets, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(adv.numpy(), expected_adv, rtol=1e-5, atol=1e-5)
+
+
+def test_connector_columns_are_float32_for_a_float64_module(ppo_parts, monkeypatch):
+    """A module whose values are float64: RLlib's connector hands its results to NumpyToTensor,
+    which makes float32 columns, and so does the fused connector."""
+    policy = ppo_parts[2]["default_policy"]
+    compute_values = policy.compute_values
+    monkeypatch.setattr(policy, "compute_values", lambda batch, **kw: compute_values(batch, **kw).double())
+    rng = np.random.default_rng(5)
+    episodes = _episodes(rng, ppo_parts[1], rng.integers(1, 30, 8).tolist(), rng.choice(["term", "trunc"], 8).tolist())
+    ours = _learner_batch(ppo_parts, rt_rllib.GeneralAdvantageEstimation, episodes)["default_policy"]
+    theirs = _learner_batch(ppo_parts, RLLIB_CONNECTOR, episodes)["default_policy"]
+    for key in (Postprocessing.ADVANTAGES, Postprocessing.VALUE_TARGETS):
+        a, b = ours[key], theirs[key]
+        assert a.dtype == b.dtype == torch.float32 and a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)
 
 
 def test_connector_normalisation_floor_of_rllib():
@@ -285,9 +301,10 @@ def test_vtrace_detaches_like_rllib_and_threshold_tensors():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["bootstrap shape", "step shapes", "threshold 0", "mixed dtypes", "numpy"])
+@pytest.mark.parametrize("case", ["bootstrap shape", "step shapes", "threshold 0", "mixed dtypes", "numpy",
+                                  "0 steps"])
 def test_vtrace_keeps_rllib_behaviour_outside_the_scan(case):
-    kwargs = _vtrace_inputs(8, 3, torch.float32, seed=2)
+    kwargs = _vtrace_inputs(0 if case == "0 steps" else 8, 3, torch.float32, seed=2)
     if case == "bootstrap shape":
         kwargs["bootstrap_values"] = kwargs["bootstrap_values"][:2]
     elif case == "step shapes":
@@ -296,7 +313,7 @@ def test_vtrace_keeps_rllib_behaviour_outside_the_scan(case):
         kwargs["clip_rho_threshold"] = 0.0
     elif case == "mixed dtypes":
         kwargs["rewards"] = kwargs["rewards"].double()
-    else:
+    elif case == "numpy":
         kwargs["rewards"] = kwargs["rewards"].numpy()
     try:
         theirs = rllib_vtrace(**kwargs)
@@ -317,6 +334,26 @@ def test_vtrace_nan_in_nan_out():
     ours, theirs = rt_rllib.vtrace_torch(**kwargs), rllib_vtrace(**kwargs)
     for a, b in zip(ours, theirs):
         assert torch.equal(a.isnan(), b.isnan())
+
+
+
+def test_vtrace_nan_stops_at_a_zero_discount():
+    """A NaN reward after a terminal (discount 0 at step 4) in its row: RLlib's loop multiplies
+    the carried (vs - V) by the 0 discount (0 * NaN = NaN), so vs and the policy-gradient
+    advantages are NaN at every earlier step of the row. rl_triton's scan stops the NaN at the
+    zero coefficient (docs/semantics.md, section 11 (c)): vs up to step 4 and the advantages up
+    to step 3 are RLlib's results of the rollout with that reward finite; the advantage of step
+    4 reads vs[5] through its 0 discount, plain arithmetic (section 11 (e)), and is NaN."""
+    kwargs = _vtrace_inputs(12, 3, torch.float64, seed=6, p_term=0.0)
+    kwargs["discounts"][:, 1] = 0.99
+    kwargs["discounts"][4, 1] = 0.0
+    finite = rllib_vtrace(**{**kwargs, "rewards": kwargs["rewards"].clone()})
+    kwargs["rewards"][8, 1] = float("nan")
+    ours, theirs = rt_rllib.vtrace_torch(**kwargs), rllib_vtrace(**kwargs)
+    for a, b, c, steps in zip(ours, theirs, finite, (5, 4)):
+        assert b[:9, 1].isnan().all() and a[steps:9, 1].isnan().all()
+        assert torch.equal(a[5:].isnan(), b[5:].isnan())
+        torch.testing.assert_close(a[:steps], c[:steps], rtol=1e-12, atol=1e-12)
 
 
 def test_learner_classes_call_the_fused_vtrace():

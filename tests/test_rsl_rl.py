@@ -314,3 +314,22 @@ def test_critic_of_two_outputs_raises_rsl_rls_error():
         with pytest.raises(RuntimeError) as got:
             route(ppo, obs)
         assert type(got.value) is type(want.value) and str(got.value) == str(want.value)
+
+
+def test_nan_stops_at_the_episode_end():
+    """A NaN reward after an episode end in its row: rsl_rl's loop multiplies the carried
+    advantage by ``1 - dones`` (0 * NaN = NaN), so its returns and advantages are NaN at every
+    earlier step of the row; rl_triton stops the NaN at the episode end (docs/semantics.md,
+    section 11), where the earlier steps are rsl_rl's results of the rollout with that reward
+    finite. (With the normalisation over the whole batch every advantage is NaN in both.)"""
+    ppo, obs = _ppo(10, 6, F32, per_mini_batch=True, seed=8)
+    st = ppo.storage
+    st.dones.zero_()
+    st.dones[4, 2] = 1  # the episode of env 2 ends at step 4
+    finite = _run(ppo, obs, _original)
+    st.rewards[7, 2] = float("nan")
+    theirs, ours = _run(ppo, obs, _original), _run(ppo, obs, rt_rsl.PPO.compute_returns)
+    for a, b, c in zip(ours[:2], theirs[:2], finite[:2]):
+        assert b[:8, 2].isnan().all() and a[5:8, 2].isnan().all()
+        assert torch.equal(a[5:].isnan(), b[5:].isnan())
+        _close(a[:5], c[:5], F32)

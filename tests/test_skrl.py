@@ -122,6 +122,36 @@ def test_nan_in_nan_out():
     assert returns[3, 2].isnan() and not returns[4:, 2].isnan().any()
 
 
+def test_nan_stops_at_the_episode_end():
+    """A NaN reward after an episode end in its row: skrl's loop multiplies the carried advantage
+    by the 0 flag (0 * NaN = NaN) and its returns are NaN at every earlier step of the row;
+    rl_triton stops the NaN at the episode end (docs/semantics.md, section 11), where the earlier
+    returns are skrl's returns of the rollout with that reward finite."""
+    rewards, values, last_values, terminated, truncated = _rollout(10, 4, torch.float64, 11, p_end=0.0)
+    terminated[4, 2] = True
+    kw = dict(rewards=rewards, terminated=terminated, truncated=truncated, values=values, last_values=last_values)
+    finite = ORIGINALS["skrl.agents.torch.ppo.ppo"](**{**kw, "rewards": rewards.clone()})
+    rewards[7, 2] = float("nan")
+    ours, theirs = rt_skrl.compute_gae(**kw), ORIGINALS["skrl.agents.torch.ppo.ppo"](**kw)
+    assert theirs[0][:8, 2].isnan().all()
+    assert torch.equal(ours[0][5:].isnan(), theirs[0][5:].isnan()) and ours[0][7, 2].isnan()
+    torch.testing.assert_close(ours[0][:5], finite[0][:5], **TOL[torch.float64])
+    assert ours[1].isnan().all() and theirs[1].isnan().all()  # the normalisation's statistics are NaN
+
+
+@pytest.mark.filterwarnings("ignore:std")  # no elements: no std (NaN), in skrl's loop and here
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(0, 4, 1), (0, 3, 2), (0, 4)])
+def test_rollout_of_zero_steps(dtype, shape):
+    """A rollout of 0 steps: skrl's empty returns and advantages, of its shapes and dtypes."""
+    rewards, values = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+    flags, last_values = torch.zeros(shape, dtype=torch.bool), torch.zeros(shape[1:], dtype=dtype)
+    kw = dict(rewards=rewards, terminated=flags, truncated=flags, values=values, last_values=last_values)
+    _close(rt_skrl.compute_gae(**kw), ORIGINALS["skrl.agents.torch.ppo.ppo"](**kw), dtype)
+    kw = dict(rewards=rewards, terminated=flags, values=values, next_values=last_values)
+    _close(rt_skrl.compute_gae_rnn(**kw), ORIGINALS["skrl.agents.torch.ppo.ppo_rnn"](**kw), dtype)
+
+
 def test_skrls_errors():
     rewards, values, last_values, terminated, truncated = _rollout(8, 4, torch.float32, 6)
     kw = dict(rewards=rewards, terminated=terminated, truncated=truncated, values=values, last_values=last_values)

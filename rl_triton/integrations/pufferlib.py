@@ -31,7 +31,8 @@ dtype, or float32 for bfloat16 inputs (computed from the inputs widened to float
 ``terminals`` may also be bool or integer. Any strides. Where PufferLib's op raises
 ``RuntimeError`` (not 2-D, shapes or devices that differ, a dtype it does not take) this
 raises an error that is both a ``RuntimeError`` and a ``ValueError``/``TypeError``, naming the
-argument.
+argument; ``values`` of fewer than 2 dims, where the op raises ``IndexError`` (it reads
+``values.size(1)`` first), raise :class:`DimError`, also an ``IndexError``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import torch
 from .. import arrival_gae
 from ._patching import PatchState
 
-__all__ = ["DtypeError", "InputError", "PUFFERLIB_VERSION", "compute_puff_advantage", "is_patched", "patch", "patched",
+__all__ = ["DimError", "DtypeError", "InputError", "PUFFERLIB_VERSION", "compute_puff_advantage", "is_patched", "patch", "patched",
            "unpatch"]
 
 PUFFERLIB_VERSION = "3.0.0"  # the release read for this module
@@ -58,6 +59,11 @@ _DEFAULTS = {"write_last": False}
 class InputError(ValueError, RuntimeError):
     """A bad argument: a ``ValueError`` for rl_triton's rules, a ``RuntimeError`` as PufferLib's
     op raises it."""
+
+
+class DimError(InputError, IndexError):
+    """``values`` with fewer than 2 dims: an :class:`InputError` that is also the ``IndexError``
+    PufferLib's op raises there (it reads the horizon as ``values.size(1)`` before its checks)."""
 
 
 class DtypeError(TypeError, RuntimeError):
@@ -80,7 +86,8 @@ def _check(tensors) -> None:
         if not isinstance(x, torch.Tensor):
             raise DtypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 2:
-            raise InputError(f"{name} must be 2-D [segments, horizon], got shape {tuple(x.shape)}")
+            error = DimError if name == "values" and x.dim() < 2 else InputError
+            raise error(f"{name} must be 2-D [segments, horizon], got shape {tuple(x.shape)}")
         if x.device != values.device:
             raise InputError(f"{name} is on {x.device}, values on {values.device}: all tensors must be on one device")
         if x.shape != values.shape:

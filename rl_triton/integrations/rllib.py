@@ -35,8 +35,8 @@ passed through. V-trace: time-major ``[T, B]``, RLlib's ``discounts`` (gamma * (
 ``bootstrap_value=bootstrap_values``, ``c_bar=1`` (RLlib's fixed trace clip), ``rho_bar`` and
 ``rho_bar_pg`` from the clip thresholds (None: no clip).
 
-Where the inputs are outside what the fused scans take (other shapes, mixed dtypes or devices,
-a clip threshold <= 0, non-binary flags) the replacement calls RLlib's own function, so results
+Where the inputs are outside what the fused scans take (other shapes, a batch of 0 steps, mixed
+dtypes or devices, a clip threshold <= 0, non-binary flags) the replacement calls RLlib's own function, so results
 and errors are RLlib's. A stateful (recurrent) module makes the connector run RLlib's own.
 """
 
@@ -168,7 +168,8 @@ def _on(x, device):
 
 def _targets_and_advantages(values: torch.Tensor, rewards, terminateds, truncateds, gamma: float, lambda_: float):
     """Value targets and RLlib-standardised advantages of one module's flat batch, on
-    ``values``' device: one ``gae`` scan, then ``masked_whiten`` in place."""
+    ``values``' device: one ``gae`` scan, then ``masked_whiten`` in place. Both float32, as
+    RLlib's ``NumpyToTensor`` makes them whatever the module's dtype."""
     v = values.detach()
     device = v.device
     r = _on(rewards, device)
@@ -179,17 +180,17 @@ def _targets_and_advantages(values: torch.Tensor, rewards, terminateds, truncate
     nv = torch.cat([v[1:], v.new_zeros(1)])
     adv, targets = _rt_gae(r, v, next_values=nv, terminated=term, truncated=trunc, gamma=gamma, lmbda=lambda_)
     _rt_masked_whiten(adv, out=adv, **_RLLIB_WHITEN)
-    return adv, targets.to(torch.float32)
+    return adv.to(torch.float32), targets.to(torch.float32)
 
 
 class GeneralAdvantageEstimation(_gae_connector.GeneralAdvantageEstimation):
     """RLlib's ``GeneralAdvantageEstimation`` learner connector (same constructor, same batch
     columns: ``Postprocessing.ADVANTAGES`` and ``VALUE_TARGETS``), computed on the Learner's
     device: the value-function forward pass, then per module one fused GAE scan over the flat
-    batch and RLlib's standardisation ``(A - mean) / max(1e-4, std)`` in place. Value targets
-    are float32, as RLlib's. Batches of stateful (recurrent) modules, which RLlib zero-pads per
-    sequence, take RLlib's own connector. Its constructor is RLlib's (``gamma``, ``lambda_`` and
-    the connector's spaces)."""
+    batch and RLlib's standardisation ``(A - mean) / max(1e-4, std)`` in place. Advantages and
+    value targets are float32 whatever the module's dtype, as RLlib's. Batches of stateful
+    (recurrent) modules, which RLlib zero-pads per sequence, take RLlib's own connector. Its
+    constructor is RLlib's (``gamma``, ``lambda_`` and the connector's spaces)."""
 
     def __call__(self, *, rl_module, episodes, batch, **kwargs):
         def stateful(mid, module):
@@ -281,7 +282,7 @@ def vtrace_torch(*, target_action_log_probs, behaviour_action_log_probs, discoun
     steps = (target_action_log_probs, behaviour_action_log_probs, discounts, rewards, values)
     if (rho_bar is None or rho_bar_pg is None
             or not all(isinstance(x, torch.Tensor) for x in (*steps, bootstrap_values))
-            or values.ndim != 2 or any(x.shape != values.shape for x in steps)
+            or values.ndim != 2 or not values.shape[0] or any(x.shape != values.shape for x in steps)
             or bootstrap_values.shape != values.shape[1:]
             or len({x.dtype for x in (*steps, bootstrap_values)}) != 1 or not values.is_floating_point()
             or len({x.device for x in (*steps, bootstrap_values)}) != 1):

@@ -121,7 +121,7 @@ def _gae_normalized(rewards, values, done, last_values, gamma, lmbda):
         # [T, N, 1] as [T, N] (views of contiguous memories; flags that broadcast over trailing
         # dims are repeated): every element is its own row of the scan and of the statistics
         # alike, the kernels' plain time-major form
-        rewards, v, done = (x.expand(shape).reshape(shape[0], -1) for x in (rewards, v, done))
+        rewards, v, done = (x.expand(shape).flatten(1) for x in (rewards, v, done))
         boot = boot.reshape(-1)
     adv, returns = gae(rewards, v, done=done, bootstrap_value=boot, gamma=gamma, lmbda=lmbda, time_dim=0,
                        whiten=_WHITEN if fused else False)
