@@ -302,7 +302,8 @@ def _tail_worker(rank, world, group):
     one_call = sharded._one_call
 
     def recorded(fn, kw, chunk):
-        lengths.append(next(x for x in kw.values() if isinstance(x, torch.Tensor)).shape[-1])
+        if not chunk.check:  # the passes that run (not the argument check before the collectives)
+            lengths.append(next(x for x in kw.values() if isinstance(x, torch.Tensor)).shape[-1])
         return one_call(fn, kw, chunk)
     sharded._one_call = recorded
     g = torch.Generator().manual_seed(5)
@@ -332,6 +333,155 @@ def _tail_worker(rank, world, group):
 @pytest.mark.parametrize("world", [2, 3])
 def test_the_cpu_second_pass_reruns_the_tail_the_carry_reaches(world):
     _spawn(_tail_worker, world)
+
+
+def _aliasing_worker(rank, world, group):
+    """``out=`` the chunk's own input tensors (cloned slices of the window): the unsharded call's
+    slice, as without aliasing (sections 11 and 17), for calls handing on V + lambda*A, calls
+    with explicit next values, boundary inputs and forward scans, and on the CPU for the chunk
+    whose second pass reruns only its tail."""
+    g = torch.Generator().manual_seed(9)
+    for steps, backends in ((3, _backends()), (3 * _tail_steps(), _backends()[:2])):
+        lo, hi = rank * steps, (rank + 1) * steps
+        r, v, lp, lm = (torch.randn(ROWS, world * steps, generator=g, dtype=F64) for _ in range(4))
+        d = torch.rand(ROWS, world * steps, generator=g) < (0.3 if steps == 3 else 0.01)
+        boot = torch.randn(ROWS, generator=g, dtype=F64)
+        cases = (("gae", (r, v), dict(done=d, bootstrap_value=boot)),
+                 ("gae", (r, v), dict(next_values=torch.roll(v, -1, 1), done=d)),
+                 ("gae", (r, v), dict(gamma=0.9, lmbda=0.0)),  # the boundary exchange of V(s_t1)
+                 ("vtrace", (r, v, lp, lm), dict(done=d, bootstrap_value=boot)),
+                 ("discounted_return", (r,), dict(done=d, bootstrap_value=boot)),
+                 ("eligibility_trace", (r,), dict(done=d, initial=boot)))
+        for backend in backends:
+            for fn, args, kwargs in cases:
+                whole = _tuple(getattr(rl_triton, fn)(*args, **kwargs, backend=backend))
+                mine = [x[:, lo:hi].clone() for x in args]
+                out = tuple(mine[:len(whole)])
+                chunk = {k: x[:, lo:hi] if isinstance(x, torch.Tensor) and x.ndim == 2 else x
+                         for k, x in kwargs.items()}
+                got = _tuple(getattr(rl_triton, fn)(*mine, **chunk, backend=backend, group=group,
+                                                    out=out if len(out) > 1 else out[0]))
+                what = f"{fn} {sorted(kwargs)} out= its inputs, {steps} steps on {backend}, rank {rank}"
+                assert all(a is b for a, b in zip(got, out)), what
+                for a, b in zip(got, whole):
+                    _close(a, b[:, lo:hi], 1e-12, what)
+
+
+def _tail_steps():
+    from rl_triton.core import sharded
+
+    return sharded.TAIL_STEPS
+
+
+def test_out_aliasing_the_inputs_matches_the_unsharded_call():
+    _spawn(_aliasing_worker, 2)
+
+
+def _short_timeout_group():
+    """A gloo group of every rank whose collectives give up after 30 s: a rank left waiting
+    fails the test instead of hanging it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
+
+
+def _argument_worker(rank, world, group):
+    """Traces with a ``done`` of fewer dims than ``x`` (leading dims, time included) against the
+    unsharded call; and bad arguments on every rank, one rank holding no steps: every rank raises
+    the unsharded call's ValueError before its first collective, none is left waiting."""
+    group = _short_timeout_group()
+    bounds = [0, 3, 3, 7]
+    lo, hi = bounds[rank], bounds[rank + 1]
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 7, 3, generator=g, dtype=F64)
+    done = torch.rand(2, 7, generator=g) < 0.3
+    done[:, 2] = True  # on the chunk boundary
+    init = torch.randn(2, 3, generator=g, dtype=F64)
+    for backend in _backends():
+        for fn, kw in (("eligibility_trace", dict(gamma=0.9, lmbda=0.8, initial=init)),
+                       ("episodic_cumsum", dict(initial=init))):
+            call = getattr(rl_triton, fn)
+            whole = call(x, done=done, time_dim=1, backend=backend, **kw)
+            for _ in range(2):  # the first call of the signature and a repeated one
+                got = call(x[:, lo:hi], done=done[:, lo:hi], time_dim=1, backend=backend, group=group, **kw)
+                _close(got, whole[:, lo:hi], 1e-12, f"{fn} done {tuple(done.shape)} on {backend}, rank {rank}")
+    r = x[..., 0]
+    bad = (("eligibility_trace", (x[:, lo:hi],), dict(done=done[0, lo:hi], time_dim=1), "done must cover"),
+           ("gae", (r[:, lo:hi], r[:, lo:hi]), dict(gamma=1.5), "gamma"),
+           ("gae", (r[:, lo:hi], r[:, lo:hi]), dict(episode_starts=done[:, lo:hi]), "last_done"),
+           ("vtrace", (r[:, lo:hi],) * 4, dict(bootstrap_value=torch.zeros(3, dtype=F64)), "bootstrap_value"),
+           ("discounted_return", (r[:, lo:hi],), dict(done=done[:, lo:hi], backend="tpu"), "backend"))
+    for fn, args, kw, match in bad:
+        with pytest.raises(ValueError, match=match):
+            getattr(rl_triton, fn)(*args, **{"backend": _backends()[0], **kw}, group=group)
+    torch.distributed.barrier(group)  # every rank got here: none waits in a collective
+
+
+def test_traces_take_a_done_of_fewer_dims_and_every_rank_raises_for_bad_arguments():
+    _spawn(_argument_worker, 3)
+
+
+def _zero_rows_worker(rank, world, group):
+    """Zero rows on every rank (one rank without steps): the unsharded call's empty slices."""
+    bounds = [0, 4, 4, 6][:world + 1] if world == 3 else [0, 4, 6]
+    lo, hi = bounds[rank], bounds[rank + 1]
+    for dtype in (F64, F32):
+        z = torch.zeros(0, bounds[-1], dtype=dtype)
+        none = torch.zeros(0, dtype=dtype)
+        for backend in _backends():
+            for fn, n, kw in (("gae", 2, {}), ("gae", 2, dict(bootstrap_value=none)),
+                              ("gae", 2, dict(next_values=z)), ("gae", 2, dict(mask=z > 0)),
+                              ("vtrace", 4, dict(bootstrap_value=none)), ("td_lambda_return", 2, {}),
+                              ("discounted_return", 1, {}), ("retrace", 4, dict(next_expected_q=z)),
+                              ("eligibility_trace", 1, {}), ("episodic_cumsum", 1, {}), ("affine_scan", 2, {})):
+                call = getattr(rl_triton, fn)
+                whole = _tuple(call(*[z] * n, **kw, backend=backend))
+                got = _tuple(_chunk_call(fn, [z] * n, kw, lo, hi, group, backend=backend))
+                what = f"{fn} {sorted(kw)} {dtype} on {backend}, rank {rank}"
+                assert len(got) == len(whole), what
+                for a, b in zip(got, whole):
+                    assert a.shape == b[:, lo:hi].shape and a.dtype == b.dtype, (what, a.shape, a.dtype)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_zero_rows_give_the_unsharded_calls_empty_slices(world):
+    _spawn(_zero_rows_worker, world)
+
+
+def _limit_worker(rank, world, group):
+    """GAE handing on c = V + lambda*A runs the chunk before from c/lambda (section 17): the
+    unsharded call's values while |c|/lambda is finite, here values at 0.99 of lambda times the
+    dtype's largest value; beyond (1.01), the carry overflows and the chunk before the boundary
+    gets +-inf where the unsharded call is finite, which explicit next values avoid."""
+    lam, steps = 1e-3, 4
+    lo, hi = rank * steps, (rank + 1) * steps
+    for dtype, tol in ((F64, 1e-12), (F32, 1e-5)):
+        for backend in _backends():
+            for k in (0.99, 1.01):
+                v = torch.full((2, world * steps), k * lam * torch.finfo(dtype).max, dtype=dtype)
+                v[1] *= -1
+                r = torch.ones_like(v)
+                kw = dict(gamma=0.9, lmbda=lam, backend=backend)
+                whole = rl_triton.gae(r, v, **kw)
+                assert all(torch.isfinite(w).all() for w in whole)
+                for _ in range(2):  # the first call of the signature and a repeated one (Triton's plan)
+                    got = _chunk_call("gae", (r, v), {}, lo, hi, group, **kw)
+                what = f"{dtype} at {k} of the limit on {backend}, rank {rank}"
+                if k < 1 or rank == world - 1:
+                    for a, b in zip(got, whole):
+                        _close(a, b[:, lo:hi], tol, what)
+                else:
+                    assert torch.isinf(got[0][:, -1]).all(), what
+                nv = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], 1)
+                got = _chunk_call("gae", (r, v), dict(next_values=nv), lo, hi, group, **kw)
+                for a, b in zip(got, whole):
+                    _close(a, b[:, lo:hi], tol, what + ", explicit next values")
+
+
+def test_handed_value_agrees_up_to_its_stated_limit():
+    _spawn(_limit_worker, 2)
 
 
 def _bytes_worker(rank, world, group, sent):
