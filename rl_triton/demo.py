@@ -5,7 +5,9 @@ For each rollout shape the demo runs the seven estimators and ``affine_scan`` on
 plain torch loop), checks each result against ``backend="torch"`` (the plain loop over time),
 times both (median of several repeats) and prints one table. On CPU it also times GAE against
 a numpy re-implementation of Stable-Baselines3's ``RolloutBuffer.compute_returns_and_advantage``
-loop, fed with SB3's observation-aligned ``episode_starts`` flags.
+loop, fed with SB3's observation-aligned ``episode_starts`` flags. ``masked_whiten`` (with a
+mask of about 80% valid elements) is checked against the float64 oracle
+(``rl_triton.testing.oracle.masked_whiten``) instead of the torch backend.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 import rl_triton as rt
 from rl_triton.core.launch import resolve_backend
-from rl_triton.testing import Problem, make
+from rl_triton.testing import Problem, make, oracle
 
 GAMMA = 0.99
 LMBDA = 0.95
@@ -64,6 +66,18 @@ def rollout_problems(shape: Shape, device: torch.device, seed: int = 0) -> List[
     return [(name, make(name, shape.dims, variant, time_dim=shape.time_dim, device=device, seed=seed + i,
                         p_term=DONE_PROB * TERMINATED_SHARE, p_trunc=DONE_PROB * (1 - TERMINATED_SHARE), **hyper))
             for i, (name, (variant, hyper)) in enumerate(ESTIMATORS.items())]
+
+
+def whiten_calls(shape: Shape, device: torch.device, seed: int = 0):
+    """(fast, oracle) for ``masked_whiten`` of float32 advantages of ``shape`` over a random mask
+    (about 80% valid): ``backend="auto"``, and the float64 oracle on the same values."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape.dims, generator=g) * 2.0 + 0.5).to(device)
+    mask = (torch.rand(shape.dims, generator=g) < 0.8).to(device)
+
+    def reference():
+        return torch.from_numpy(oracle.masked_whiten(x.double().cpu().numpy(), mask.cpu().numpy()))
+    return (lambda: rt.masked_whiten(x, mask)), reference
 
 
 # --------------------------------------------------------------------------------------
@@ -309,6 +323,7 @@ def run(device: Optional[str] = None, repeats: Optional[int] = None, quick: bool
         for name, problem in rollout_problems(shape, dev):
             plan.append((name, shape, lambda p=problem: p.call("auto"),
                          lambda p=problem: p.call("torch"), "torch loop"))
+        plan.append(("masked_whiten", shape, *whiten_calls(shape, dev), "float64 oracle"))
         if dev.type == "cpu" and shape.time_dim == 0:
             fast, loop = sb3_calls(shape)
             plan.append(("gae vs SB3 numpy loop", shape, lambda fast=fast: fast("auto"), loop,

@@ -18,6 +18,8 @@ def test_demo_runs_and_every_estimator_agrees():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "all results match the reference loop" in done.stdout
     assert "gae vs SB3 numpy loop" in done.stdout
+    assert any(line.startswith("| masked_whiten ") and line.rstrip(" |").endswith("ok")
+               for line in done.stdout.splitlines()), done.stdout  # checked against the float64 oracle
     # output that is not a terminal gets plain progress lines, one per run, not a redrawn bar
     assert "\r" not in done.stderr, done.stderr[-2000:]
     runs = [line for line in done.stderr.splitlines() if line.startswith("[")]

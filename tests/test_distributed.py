@@ -609,7 +609,8 @@ def _extreme_whiten_worker(rank, world, group):
         want = torch.from_numpy(oracle.masked_whiten(x.double().numpy(), m.numpy(), **kw)).to(F32)[rows]
         for backend in _backends():
             # the shard contiguous, and the same values in transposed memory
-            for xs, ms in ((x[rows].clone(), m[rows].clone()), (x[rows].t().contiguous().t(), m[rows].t().contiguous().t())):
+            for xs, ms in ((x[rows].clone(), m[rows].clone()),
+                           (x[rows].t().contiguous().t(), m[rows].t().contiguous().t())):
                 got = rl_triton.masked_whiten(xs, ms, group=group, backend=backend, **kw)
                 torch.testing.assert_close(got, want, rtol=2.4e-7, atol=0.0,
                                            msg=lambda text: f"{kw} on {backend}, rank {rank}: {text}")

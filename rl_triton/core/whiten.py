@@ -2,7 +2,7 @@
 valid elements of one tensor or of every rank of a ``torch.distributed`` process group.
 
 Every path forms the statistics ``(n, mean, M2)`` in float64 and the output ``(x - mean) * rstd``
-in float64, rounded once to ``x``'s dtype (float32 only on MPS, which has no float64), so the
+in float64, then rounded to ``x``'s dtype (float32 only on MPS, which has no float64), so the
 backends and layouts differ only in the order of float64 sums. Torch ops on any device (two
 reductions for the statistics, one elementwise pass for the output, and with a group one
 collective in between); on the Triton backend three kernel passes
@@ -49,8 +49,9 @@ def masked_moments(x, mask=None, *, group=None):
     shape and device, nonzero marks a valid element (None: all). Three 0-d tensors on ``x``'s
     device: ``count`` int64, ``mean`` and ``m2`` float64 whatever ``x``'s dtype (float32 on
     MPS, which has no float64): the sums run in float64, so float32 data of order 1e20, whose
-    squared deviations overflow float32, keep a finite ``m2``. ``n = 0`` gives ``mean = NaN`` (0/0) and ``m2 = 0``; nothing
-    raises. Values at positions outside the mask are never read into the sums, NaN included.
+    squared deviations overflow float32, keep a finite ``m2``. ``n = 0`` gives ``mean = NaN``
+    (0/0) and ``m2 = 0``; nothing raises. Values at positions outside the mask are never read
+    into the sums, NaN included.
     ``group`` is a ``torch.distributed`` ProcessGroup (e.g. ``dist.group.WORLD``) or None for
     this process alone; each rank passes its own shard, and all ranks get the same statistics
     from one collective (an all-gather of each rank's ``(n, mean, m2)``, combined by Chan et
@@ -117,11 +118,11 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
 
     ``y`` covers every position, the masked ones included (same ``mean`` and ``rstd``), and has
     ``x``'s shape and dtype. On every backend and layout the statistics accumulate in float64
-    (mean first, then the sum of squared deviations) and ``y`` is formed in float64 and rounded
-    once to ``x``'s dtype (float32 on MPS, which has no float64). verl: the defaults. OpenRLHF: ``unbiased=False,
-    eps_mode="clamp"``, plus ``scale=False`` for ``--algo.advantage.no_std_norm``. rsl_rl, skrl
-    and rl_games (``(x - x.mean()) / (x.std() + 1e-8)`` over the whole batch): ``mask=None,
-    eps_mode="std"``.
+    (mean first, then the sum of squared deviations) and ``y`` is formed in float64, then
+    rounded to ``x``'s dtype as torch rounds float64 (float32 throughout on MPS, which has no
+    float64). verl: the defaults. OpenRLHF: ``unbiased=False, eps_mode="clamp"``, plus
+    ``scale=False`` for ``--algo.advantage.no_std_norm``. rsl_rl, skrl and rl_games
+    (``(x - x.mean()) / (x.std() + 1e-8)`` over the whole batch): ``mask=None, eps_mode="std"``.
 
     No host synchronisation, hence no error for a degenerate selection: ``n = 0`` makes every
     output NaN (mean = 0/0), and so does ``n = 1`` with ``unbiased=True`` (var = 0/0). A NaN at
@@ -194,7 +195,7 @@ def _rstd(n, m2, unbiased, scale, eps, eps_mode):
 
 def _normalized(x, n, mean, m2, out, grad, unbiased, shift_mean, scale, eps, eps_mode):
     """``(x - mean) * rstd`` (and ``+ mean`` where not ``shift_mean``) from the statistics, in
-    the statistics' dtype (float64; float32 on MPS) and rounded once to ``x``'s dtype, into
+    the statistics' dtype (float64; float32 on MPS), then rounded to ``x``'s dtype, into
     ``out`` (None: fresh memory; may be ``x``)."""
     sd = mean.dtype
     rstd = _rstd(n, m2, unbiased, scale, eps, eps_mode)
@@ -258,7 +259,6 @@ def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
     rl_triton/core/kernels/moments.py: block partials, their fold, the normalisation. The first
     call of a specialisation goes through Triton's dispatch; later ones call the compiled
     kernels' launchers with data pointers (Triton's dispatch costs tens of microseconds a launch)."""
-
     from . import kernels
     from .kernels import moments as k
 

@@ -444,9 +444,5 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
             rstd = 1.0 / np.sqrt(var + eps)
         else:
             raise ValueError(f"eps_mode must be 'add', 'clamp' or 'std', got {eps_mode!r}")
-    y = np.empty(x.shape)
-    for i, v in np.ndenumerate(x):
-        y[i] = (v - mean) * rstd
-        if not shift_mean:
-            y[i] = y[i] + mean
-    return y
+    y = (x - mean) * rstd  # elementwise float64, one rounding per operation
+    return y if shift_mean else y + mean
