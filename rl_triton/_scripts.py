@@ -252,27 +252,10 @@ def episode_returns(infos) -> list:
     return []
 
 
-def _inline_gae(args, rewards, values, dones, next_value, next_done):
-    """CleanRL's reversed loop over the rollout, as its PPO scripts write it."""
-    import torch
-
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = 0
-    for t in reversed(range(args.num_steps)):
-        if t == args.num_steps - 1:
-            nextnonterminal = 1.0 - next_done
-            nextvalues = next_value
-        else:
-            nextnonterminal = 1.0 - dones[t + 1]
-            nextvalues = values[t + 1]
-        delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
-        advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
-    return advantages, advantages + values
-
-
 def cleanrl_train(args, make_env, make_agent, tb_dir: str | None = None) -> dict:
     """One run of CleanRL's PPO (its ``ppo_atari.py`` / ``ppo_continuous_action.py`` loop), the GAE
-    by ``compute_gae`` (``args.fast_gae``) or by CleanRL's inline loop.
+    by ``compute_gae`` (``args.fast_gae``) or by CleanRL's inline loop
+    (``rl_triton.testing.frameworks.cleanrl_gae``).
 
     ``args``: the script's Args (env_id, total_timesteps, num_envs, num_steps, the PPO
     hyperparameters, seed, torch_deterministic, cuda); ``make_env(env_id, gamma)``: a thunk
@@ -292,6 +275,7 @@ def cleanrl_train(args, make_env, make_agent, tb_dir: str | None = None) -> dict
     from torch import nn, optim
 
     from rl_triton.integrations.cleanrl import compute_gae
+    from rl_triton.testing.frameworks import cleanrl_gae as inline_gae
 
     label = CLEANRL_RUNS[args.fast_gae]
     random.seed(args.seed)
@@ -372,11 +356,8 @@ def cleanrl_train(args, make_env, make_agent, tb_dir: str | None = None) -> dict
             next_value = agent.get_value(next_obs).reshape(1, -1)
             sync()
             t_adv = time.perf_counter()
-            if args.fast_gae:
-                advantages, returns = compute_gae(rewards, values, dones, next_value, next_done,
-                                                  args.gamma, args.gae_lambda)
-            else:
-                advantages, returns = _inline_gae(args, rewards, values, dones, next_value, next_done)
+            gae = compute_gae if args.fast_gae else inline_gae
+            advantages, returns = gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
             sync()
             adv_ms = 1e3 * (time.perf_counter() - t_adv)
 
