@@ -7,7 +7,11 @@
 - :func:`progress`: a tqdm bar that redraws in place on a terminal and writes plain lines at a
   slow pace into a log file;
 - :func:`quiet_mujoco`: MuJoCo's warnings without the log file it writes into the working
-  directory and without the deprecation notices of the environments' bundled model files.
+  directory and without the deprecation notices of the environments' bundled model files;
+- :func:`two_panels` and :func:`returns_plot`: the examples' PNGs (two plots per run side by
+  side; episode returns as dots with a line through their mean);
+- :func:`cleanrl_main` and :func:`cleanrl_train`: the command line and the PPO loop of the
+  CleanRL-style examples, each invocation's files in its own folder (:func:`run_folder`).
 """
 
 from __future__ import annotations
@@ -433,7 +437,11 @@ def run_folder(out: str, labels) -> str:
     """The folder of one invocation's outputs under ``out``: named after its run, or ``compare``
     for several runs, so that the runs of one script do not overwrite each other's files."""
     labels = list(labels)
-    return os.path.join(out, "compare" if len(labels) > 1 else labels[0].replace(" ", "_"))
+    return os.path.join(out, "compare" if len(labels) > 1 else _slug(labels[0]))
+
+
+def _slug(label: str) -> str:
+    return label.replace(" ", "_")
 
 
 def cleanrl_main(doc: str, args_cls, make_env, make_agent, title: str, needs=()) -> None:
@@ -457,7 +465,7 @@ def cleanrl_main(doc: str, args_cls, make_env, make_agent, title: str, needs=())
     runs = []
     for fast in variants:
         # TensorBoard: the run's logs in tb/, each run in its own subfolder under --compare
-        tb_dir = os.path.join(folder, "tb", *[CLEANRL_RUNS[fast].replace(" ", "_")] * args.compare)
+        tb_dir = os.path.join(folder, "tb", *[_slug(CLEANRL_RUNS[fast])] * args.compare)
         run_args = dataclasses.replace(args, fast_gae=fast)
         runs.append(cleanrl_train(run_args, make_env, make_agent, tb_dir if args.tensorboard else None))
 
