@@ -118,8 +118,6 @@ class Agent(nn.Module):
         return action, dist.log_prob(action).sum(1), dist.entropy().sum(1), self.critic(x)
 
 
-
-
 def make_agent(envs):
     if envs.single_action_space.shape is None or len(envs.single_action_space.shape) != 1:
         raise ValueError(f"this agent takes a vector of continuous actions, not {envs.single_action_space}")
@@ -129,4 +127,4 @@ def make_agent(envs):
 
 if __name__ == "__main__":
     quiet_mujoco()
-    cleanrl_main(__doc__, Args, make_env, make_agent, "CleanRL-style PPO, HalfCheetah-v5", needs=("mujoco",))
+    cleanrl_main(__doc__, Args, make_env, make_agent, needs=("mujoco",))

@@ -444,7 +444,7 @@ def _slug(label: str) -> str:
     return label.replace(" ", "_")
 
 
-def cleanrl_main(doc: str, args_cls, make_env, make_agent, title: str, needs=()) -> None:
+def cleanrl_main(doc: str, args_cls, make_env, make_agent, needs=()) -> None:
     """The command line of a CleanRL-style example: parse ``args_cls`` (a dataclass of CleanRL's
     Args with ``fast_gae``, ``compare``, ``tensorboard`` and ``out``), exit with the install line
     unless gymnasium, matplotlib and ``needs`` are installed, train once with the GAE that
@@ -469,7 +469,7 @@ def cleanrl_main(doc: str, args_cls, make_env, make_agent, title: str, needs=())
         run_args = dataclasses.replace(args, fast_gae=fast)
         runs.append(cleanrl_train(run_args, make_env, make_agent, tb_dir if args.tensorboard else None))
 
-    title = f"{title}, {args.num_envs} envs x {args.num_steps} steps"
+    title = f"CleanRL-style PPO, {args.env_id}, {args.num_envs} envs x {args.num_steps} steps"
     print(f"\n{title} ({runs[0]['device']}; medians per iteration, first iteration left out)")
     print("| GAE | iterations | advantage phase ms | update phase ms (incl. GAE) | GAE share of update | run s |")
     print("|---|---|---|---|---|---|")
