@@ -34,6 +34,7 @@ from torch.distributions.normal import Normal
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from common import machine, parser, ratios, spread  # noqa: E402
+from rl_triton.testing.frameworks import cleanrl_gae as inline_gae  # noqa: E402
 from rl_triton.integrations.cleanrl import compute_gae  # noqa: E402
 
 OBS_DIM, ACT_DIM = 60, 8
@@ -63,23 +64,6 @@ class Agent(nn.Module):
         if action is None:
             action = dist.sample()
         return action, dist.log_prob(action).sum(1), dist.entropy().sum(1), self.critic(x)
-
-
-def inline_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """CleanRL's reversed loop, written out as in its PPO scripts."""
-    num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = 0
-    for t in reversed(range(num_steps)):
-        if t == num_steps - 1:
-            nextnonterminal = 1.0 - next_done
-            nextvalues = next_value
-        else:
-            nextnonterminal = 1.0 - dones[t + 1]
-            nextvalues = values[t + 1]
-        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
-        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
-    return advantages, advantages + values
 
 
 class Clock:

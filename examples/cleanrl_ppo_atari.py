@@ -124,8 +124,6 @@ class Agent(nn.Module):
         return action, dist.log_prob(action), dist.entropy(), self.critic(hidden)
 
 
-
-
 def make_agent(envs):
     if not hasattr(envs.single_action_space, "n"):
         raise ValueError(f"this agent takes discrete actions, not {envs.single_action_space}")
@@ -133,4 +131,4 @@ def make_agent(envs):
 
 
 if __name__ == "__main__":
-    cleanrl_main(__doc__, Args, make_env, make_agent, "CleanRL-style PPO, ALE/Pong-v5", needs=("ale_py", "cv2"))
+    cleanrl_main(__doc__, Args, make_env, make_agent, needs=("ale_py", "cv2"))

@@ -12,14 +12,12 @@ Run:
     python examples/cleanrl_ppo_continuous.py --no-fast-gae   # the inline loop
     python examples/cleanrl_ppo_continuous.py --compare       # both, the inline loop first
 
-This file holds the environment, the agent and the arguments; the PPO loop with the two GAE
-variants is CleanRL's, shared with cleanrl_ppo_atari.py (rl_triton/_scripts.py,
-cleanrl_train). Times the advantage phase (the GAE computation alone) and the update phase
-(everything after the rollout: bootstrap value, GAE, and the PPO epochs), prints their medians,
-and writes episodes.csv, timings.csv and returns.png (TensorBoard logs in tb/ too with
---tensorboard) into a folder under --out named after the run: compute_gae, inline_loop or
-compare (both runs in each file). The default budget finishes in about a minute on 2 CPU cores.
-Runs on CUDA with --cuda (or automatically when a GPU is present).
+Here: the environment, the agent and the arguments. The PPO loop (CleanRL's), its timings and
+its outputs are those of cleanrl_ppo_atari.py (cleanrl_train and cleanrl_main in
+rl_triton/_scripts.py): the medians of the advantage phase (the GAE alone) and of the update
+phase (bootstrap value, GAE and the PPO epochs); episodes.csv, timings.csv and returns.png in
+the folder compute_gae, inline_loop or compare under --out. The default budget finishes in
+about a minute on 2 CPU cores; --cuda runs on CUDA (the default when a GPU is present).
 """
 
 from __future__ import annotations
@@ -120,8 +118,6 @@ class Agent(nn.Module):
         return action, dist.log_prob(action).sum(1), dist.entropy().sum(1), self.critic(x)
 
 
-
-
 def make_agent(envs):
     if envs.single_action_space.shape is None or len(envs.single_action_space.shape) != 1:
         raise ValueError(f"this agent takes a vector of continuous actions, not {envs.single_action_space}")
@@ -131,4 +127,4 @@ def make_agent(envs):
 
 if __name__ == "__main__":
     quiet_mujoco()
-    cleanrl_main(__doc__, Args, make_env, make_agent, "CleanRL-style PPO, HalfCheetah-v5", needs=("mujoco",))
+    cleanrl_main(__doc__, Args, make_env, make_agent, needs=("mujoco",))

@@ -11,8 +11,10 @@ Run:
     python examples/sb3_ppo_mujoco.py --no-patch   # SB3's loop
     python examples/sb3_ppo_mujoco.py --compare    # both, side by side
 
-Prints the time per call of compute_returns_and_advantage and of the update, and writes
-episode returns (CSV and PNG) under --out. The default budget finishes in a few minutes on a CPU.
+Each rollout's buffer goes through SB3's compute_returns_and_advantage and rl_triton's, one
+after the other, and the run trains with the one picked: prints the time per call of both, their
+ratio, and the time of the update, and writes the timings and the episode returns (CSV and PNG)
+under --out. The default budget finishes in a few minutes on a CPU.
 """
 
 from sb3_common import main

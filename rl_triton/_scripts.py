@@ -7,7 +7,11 @@
 - :func:`progress`: a tqdm bar that redraws in place on a terminal and writes plain lines at a
   slow pace into a log file;
 - :func:`quiet_mujoco`: MuJoCo's warnings without the log file it writes into the working
-  directory and without the deprecation notices of the environments' bundled model files.
+  directory and without the deprecation notices of the environments' bundled model files;
+- :func:`two_panels` and :func:`returns_plot`: the examples' PNGs (two plots per run side by
+  side; episode returns as dots with a line through their mean);
+- :func:`cleanrl_main` and :func:`cleanrl_train`: the command line and the PPO loop of the
+  CleanRL-style examples, each invocation's files in its own folder (:func:`run_folder`).
 """
 
 from __future__ import annotations
@@ -252,27 +256,10 @@ def episode_returns(infos) -> list:
     return []
 
 
-def _inline_gae(args, rewards, values, dones, next_value, next_done):
-    """CleanRL's reversed loop over the rollout, as its PPO scripts write it."""
-    import torch
-
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = 0
-    for t in reversed(range(args.num_steps)):
-        if t == args.num_steps - 1:
-            nextnonterminal = 1.0 - next_done
-            nextvalues = next_value
-        else:
-            nextnonterminal = 1.0 - dones[t + 1]
-            nextvalues = values[t + 1]
-        delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
-        advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
-    return advantages, advantages + values
-
-
 def cleanrl_train(args, make_env, make_agent, tb_dir: str | None = None) -> dict:
     """One run of CleanRL's PPO (its ``ppo_atari.py`` / ``ppo_continuous_action.py`` loop), the GAE
-    by ``compute_gae`` (``args.fast_gae``) or by CleanRL's inline loop.
+    by ``compute_gae`` (``args.fast_gae``) or by CleanRL's inline loop
+    (``rl_triton.testing.frameworks.cleanrl_gae``).
 
     ``args``: the script's Args (env_id, total_timesteps, num_envs, num_steps, the PPO
     hyperparameters, seed, torch_deterministic, cuda); ``make_env(env_id, gamma)``: a thunk
@@ -292,6 +279,7 @@ def cleanrl_train(args, make_env, make_agent, tb_dir: str | None = None) -> dict
     from torch import nn, optim
 
     from rl_triton.integrations.cleanrl import compute_gae
+    from rl_triton.testing.frameworks import cleanrl_gae as inline_gae
 
     label = CLEANRL_RUNS[args.fast_gae]
     random.seed(args.seed)
@@ -372,11 +360,8 @@ def cleanrl_train(args, make_env, make_agent, tb_dir: str | None = None) -> dict
             next_value = agent.get_value(next_obs).reshape(1, -1)
             sync()
             t_adv = time.perf_counter()
-            if args.fast_gae:
-                advantages, returns = compute_gae(rewards, values, dones, next_value, next_done,
-                                                  args.gamma, args.gae_lambda)
-            else:
-                advantages, returns = _inline_gae(args, rewards, values, dones, next_value, next_done)
+            gae = compute_gae if args.fast_gae else inline_gae
+            advantages, returns = gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
             sync()
             adv_ms = 1e3 * (time.perf_counter() - t_adv)
 
@@ -452,10 +437,14 @@ def run_folder(out: str, labels) -> str:
     """The folder of one invocation's outputs under ``out``: named after its run, or ``compare``
     for several runs, so that the runs of one script do not overwrite each other's files."""
     labels = list(labels)
-    return os.path.join(out, "compare" if len(labels) > 1 else labels[0].replace(" ", "_"))
+    return os.path.join(out, "compare" if len(labels) > 1 else _slug(labels[0]))
 
 
-def cleanrl_main(doc: str, args_cls, make_env, make_agent, title: str, needs=()) -> None:
+def _slug(label: str) -> str:
+    return label.replace(" ", "_")
+
+
+def cleanrl_main(doc: str, args_cls, make_env, make_agent, needs=()) -> None:
     """The command line of a CleanRL-style example: parse ``args_cls`` (a dataclass of CleanRL's
     Args with ``fast_gae``, ``compare``, ``tensorboard`` and ``out``), exit with the install line
     unless gymnasium, matplotlib and ``needs`` are installed, train once with the GAE that
@@ -476,11 +465,11 @@ def cleanrl_main(doc: str, args_cls, make_env, make_agent, title: str, needs=())
     runs = []
     for fast in variants:
         # TensorBoard: the run's logs in tb/, each run in its own subfolder under --compare
-        tb_dir = os.path.join(folder, "tb", *[CLEANRL_RUNS[fast].replace(" ", "_")] * args.compare)
+        tb_dir = os.path.join(folder, "tb", *[_slug(CLEANRL_RUNS[fast])] * args.compare)
         run_args = dataclasses.replace(args, fast_gae=fast)
         runs.append(cleanrl_train(run_args, make_env, make_agent, tb_dir if args.tensorboard else None))
 
-    title = f"{title}, {args.num_envs} envs x {args.num_steps} steps"
+    title = f"CleanRL-style PPO, {args.env_id}, {args.num_envs} envs x {args.num_steps} steps"
     print(f"\n{title} ({runs[0]['device']}; medians per iteration, first iteration left out)")
     print("| GAE | iterations | advantage phase ms | update phase ms (incl. GAE) | GAE share of update | run s |")
     print("|---|---|---|---|---|---|")

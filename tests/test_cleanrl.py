@@ -1,5 +1,5 @@
-"""CleanRL's inline GAE loop (written here, as in CleanRL's ppo.py) against compute_gae, and the
-truncation-correct variant against the float64 oracle."""
+"""CleanRL's inline GAE loop (transcribed in rl_triton/testing/frameworks.py, as in CleanRL's
+ppo.py) against compute_gae, and the truncation-correct variant against the float64 oracle."""
 
 import numpy as np
 import pytest
@@ -8,24 +8,9 @@ import torch
 from rl_triton.core import kernels
 from rl_triton.integrations.cleanrl import compute_gae, compute_gae_truncated
 from rl_triton.testing import reference
+from rl_triton.testing.frameworks import cleanrl_gae as cleanrl_loop
 
 BACKENDS = ["cpu", "torch"] + (["triton"] if kernels.AVAILABLE and kernels.INTERPRET else [])
-
-
-def cleanrl_loop(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = 0
-    for t in reversed(range(num_steps)):
-        if t == num_steps - 1:
-            nextnonterminal = 1.0 - next_done
-            nextvalues = next_value
-        else:
-            nextnonterminal = 1.0 - dones[t + 1]
-            nextvalues = values[t + 1]
-        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
-        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
-    return advantages, advantages + values
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,5 +1,5 @@
-"""The LLM frameworks' own advantage loops, transcribed (their structure and arithmetic kept,
-each naming its source file and version), for the tests and the token-level benchmark to
+"""The LLM frameworks' (and CleanRL's and PufferLib's) own advantage loops, transcribed (their
+structure and arithmetic kept, each naming its source file and version), for the tests and the token-level benchmark to
 compare against. Plain torch; this module never imports ``rl_triton``."""
 
 from __future__ import annotations
@@ -7,6 +7,26 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+
+
+def cleanrl_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """CleanRL's cleanrl/ppo.py (the same loop in ppo_atari.py and ppo_continuous_action.py), the
+    reversed loop written out in its PPO scripts, with ``args.num_steps`` the rollout's length:
+    ``(advantages, returns)`` of time-major ``(num_steps, num_envs)`` tensors, ``dones[t]`` = 1
+    where obs t starts an episode, ``next_value``/``next_done`` those after the rollout."""
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            nextnonterminal = 1.0 - next_done
+            nextvalues = next_value
+        else:
+            nextnonterminal = 1.0 - dones[t + 1]
+            nextvalues = values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+    return advantages, advantages + values
 
 
 def verl_gae(token_level_rewards, values, response_mask, gamma, lam):
