@@ -37,6 +37,7 @@ the flags; where it is not so, the call runs as one row.
 from __future__ import annotations
 
 import threading
+from typing import Any, Union
 
 import numpy as np
 import torch
@@ -47,6 +48,7 @@ from ._patching import PatchState
 __all__ = ["TIANSHOU_VERSION", "compute_episodic_return", "gae_advantages", "is_patched", "patch", "patched",
            "unpatch"]
 
+Array = Union[np.ndarray, torch.Tensor]  # a 1-D numpy array or tensor
 TIANSHOU_VERSION = "2.0.1"  # the version these drop-ins were written and checked against
 # Where the host path splits a buffer into overlapping rows: from this many steps on, into at most
 # ROWS_PER_THREAD rows per numba thread, each overlapping the next by OVERLAP steps (doubled up to
@@ -179,7 +181,8 @@ def _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda, n_out=2):
                 gamma=gamma, lmbda=gae_lambda)
 
 
-def gae_advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda):
+def gae_advantages(v_s: Array, v_s_: Array, rew: Array, end_flag: Array, gamma: float,
+                   gae_lambda: float) -> Array:
     """Tianshou's ``_gae`` as one fused scan: the advantages, float64.
 
     A[i] = rew[i] + gamma * v_s_[i] - v_s[i] + gamma * gae_lambda * (1 - end_flag[i]) * A[i+1],
@@ -225,8 +228,9 @@ def _end_flags(batch, buffer, indices) -> np.ndarray:
     return end_flag
 
 
-def compute_episodic_return(batch, buffer, indices, v_s_=None, v_s=None, gamma: float = 0.99,
-                            gae_lambda: float = 0.95):
+def compute_episodic_return(batch: Any, buffer: Any, indices: np.ndarray, v_s_: Array | None = None,
+                            v_s: Array | None = None, gamma: float = 0.99,
+                            gae_lambda: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
     """Tianshou's ``Algorithm.compute_episodic_return`` as one fused scan: ``(returns,
     advantages)``, float64 numpy arrays of the batch's length.
 
