@@ -7,9 +7,6 @@ contract on every name ``patch()`` sets, and the learner's GAE step through the 
 
 from __future__ import annotations
 
-import contextlib
-import types
-
 import numpy as np
 import pytest
 import torch
@@ -82,57 +79,20 @@ def test_gae_matches_the_oracle():
                                torch.from_numpy(adv), rtol=1e-12, atol=1e-12)
 
 
-class _Timing:
-    def add_time(self, name):
-        return contextlib.nullcontext()
+@pytest.fixture
+def bench(monkeypatch):
+    """benchmarks/sample_factory_step.py: its stand-in learner runs the real method."""
+    import os
 
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                             "benchmarks"))
+    import sample_factory_step
 
-def _sf_vtrace_block(ratio, values, rewards, dones, recurrence, gamma, rho, c, monkeypatch):
-    """Run the real ``Learner._calculate_losses`` with ``with_vtrace`` on a stand-in learner whose
-    network returns these values and ratios, and catch the block's targets (what the value loss
-    gets) and advantages (what the normalisation gets)."""
-    B = ratio.shape[0]
-    caught = {}
-    real_masked_select = sf_learner.masked_select
-
-    def masked_select(x, mask, n):
-        caught.setdefault("adv", x.clone())
-        return real_masked_select(x, mask, n)
-
-    monkeypatch.setattr(sf_learner, "masked_select", masked_select)
-    dist = types.SimpleNamespace(log_prob=lambda actions: torch.log(ratio))
-    actor_critic = types.SimpleNamespace(
-        forward_head=lambda obs: torch.zeros(B, 2), forward_core=lambda h, s: (h, None),
-        forward_tail=lambda core, values_only, sample_actions: {"values": values[:, None]},
-        action_distribution=lambda: dist, action_space=None)
-
-    def value_loss(values_, old, targets, *args):
-        caught["targets"] = targets.clone()
-        return torch.zeros(())
-
-    stub = types.SimpleNamespace(
-        cfg=types.SimpleNamespace(recurrence=recurrence, ppo_clip_ratio=0.1, ppo_clip_value=1.0, use_rnn=False,
-                                  with_vtrace=True, vtrace_rho=rho, vtrace_c=c, gamma=gamma),
-        timing=_Timing(), actor_critic=actor_critic, device=torch.device("cpu"),
-        exploration_loss_func=lambda *a: torch.zeros(()), kl_loss_func=lambda *a: (None, torch.zeros(())),
-        _policy_loss=lambda *a: torch.zeros(()), _value_loss=value_loss)
-    mb = types.SimpleNamespace(valids=torch.ones(B, dtype=torch.bool), normalized_obs=None,
-                               rnn_states=torch.zeros(B, 1), actions=None, log_prob_actions=torch.zeros(B),
-                               rewards_cpu=rewards, dones_cpu=dones, values=values, action_logits=None)
-    mb = _AttrNamespace(vars(mb))
-    sf_learner.Learner._calculate_losses(stub, mb, 0)
-    return caught["targets"], caught["adv"]
-
-
-class _AttrNamespace(dict):
-    """The minibatch: Sample Factory reads it both as attributes and by key."""
-
-    def __getattr__(self, name):
-        return self[name]
+    return sample_factory_step
 
 
 @pytest.mark.parametrize("recurrence,n_traj", [(2, 3), (32, 16)])
-def test_vtrace_matches_the_learners_block(recurrence, n_traj, monkeypatch):
+def test_vtrace_matches_the_learners_block(recurrence, n_traj, bench):
     g = torch.Generator().manual_seed(recurrence)
     B = recurrence * n_traj
     # the ratio as the learner forms it: exp of the log-prob difference, clamped to [0.05, 20]
@@ -140,7 +100,8 @@ def test_vtrace_matches_the_learners_block(recurrence, n_traj, monkeypatch):
     values, rewards = torch.randn(B, generator=g), torch.randn(B, generator=g)
     dones = (torch.rand(B, generator=g) < 0.1).float()
     kw = dict(recurrence=recurrence, gamma=0.97, rho=1.0, c=0.9)
-    theirs_targets, theirs_adv = _sf_vtrace_block(ratio, values, rewards, dones, monkeypatch=monkeypatch, **kw)
+    # the block of the real Learner._calculate_losses, run on a stand-in learner
+    theirs_targets, theirs_adv = bench.StandIn(ratio, values, rewards, dones, **kw).run()
     targets, adv = rt_sf.vtrace_targets(ratio, values, rewards, dones, **kw)
     torch.testing.assert_close(targets, theirs_targets, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(adv, theirs_adv, rtol=1e-5, atol=1e-5)
@@ -194,3 +155,9 @@ def test_the_learners_gae_step_goes_through_the_patch(monkeypatch):
         got = sf_learner.gae_advantages(rewards, dones, values, valids, 0.99, 0.95)
     assert calls == [1]
     torch.testing.assert_close(got, SF_GAE(rewards, dones, values, valids, 0.99, 0.95), **TOL[torch.float32])
+
+
+def test_benchmark_logic_at_a_tiny_size(bench):
+    rows = bench.run([4], recurrence=8, rounds=2)
+    assert [r["trajectories"] for r in rows] == [4] and all(r["agree"] for r in rows)
+    assert set(rows[0]["times"]) == {"sf gae", "rt gae", "sf vtrace", "rt vtrace"}

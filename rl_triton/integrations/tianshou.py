@@ -50,8 +50,8 @@ __all__ = ["TIANSHOU_VERSION", "compute_episodic_return", "gae_advantages", "is_
 
 Array = Union[np.ndarray, torch.Tensor]  # a 1-D numpy array or tensor
 TIANSHOU_VERSION = "2.0.1"  # the version these drop-ins were written and checked against
-# Where the host path splits a buffer into overlapping rows: from this many steps on, into at most
-# ROWS_PER_THREAD rows per numba thread, each overlapping the next by OVERLAP steps (doubled up to
+# Where the host path splits a buffer into overlapping rows: from this many steps on, with two or
+# more numba threads, into ROWS_PER_THREAD rows per thread, each overlapping the next by OVERLAP steps (doubled up to
 # OVERLAP_MAX while some overlap holds no episode end)
 SPLIT_MIN_STEPS = 1 << 15
 ROWS_PER_THREAD = 2
@@ -70,9 +70,9 @@ def _numba_threads() -> int:
 def _layout(end_flag: np.ndarray) -> tuple[int, int, int] | None:
     """``(P, S, H)``: P rows of S + H steps, row k starting at k * S, where every overlap holds an
     episode end; None where the buffer is short or no such split is found."""
-    n = end_flag.shape[0]
-    rows = ROWS_PER_THREAD * _numba_threads()
-    if n < SPLIT_MIN_STEPS or rows < 2:
+    n, threads = end_flag.shape[0], _numba_threads()
+    rows = ROWS_PER_THREAD * threads
+    if n < SPLIT_MIN_STEPS or threads < 2:  # one thread walks one row fastest: no copy of the kept outputs
         return None
     overlap = OVERLAP
     while overlap <= min(OVERLAP_MAX, n // (2 * rows)):
