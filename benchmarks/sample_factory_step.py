@@ -153,7 +153,13 @@ def main() -> int:
     p.add_argument("--recurrence", type=int, default=32, help="steps per trajectory (rollout = recurrence)")
     p.add_argument("--rounds", type=int, default=9, help="rounds of alternating timed batches")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=None, help="numba's and torch's threads (default: theirs)")
     a = p.parse_args()
+    if a.threads is not None:
+        import numba
+
+        numba.set_num_threads(a.threads)
+        torch.set_num_threads(a.threads)
     print(f"{machine()}; device {a.device}; recurrence {a.recurrence}; ms per call, median (lowest-highest) "
           f"of {a.rounds} rounds")
     print("| trajectories | SF gae_advantages | rl_triton | speed-up | SF V-trace step (host round trip) "

@@ -50,10 +50,12 @@ __all__ = ["TIANSHOU_VERSION", "compute_episodic_return", "gae_advantages", "is_
 
 Array = Union[np.ndarray, torch.Tensor]  # a 1-D numpy array or tensor
 TIANSHOU_VERSION = "2.0.1"  # the version these drop-ins were written and checked against
-# Where the host path splits a buffer into overlapping rows: from this many steps on, with two or
-# more numba threads, into ROWS_PER_THREAD rows per thread, each overlapping the next by OVERLAP steps (doubled up to
-# OVERLAP_MAX while some overlap holds no episode end)
-SPLIT_MIN_STEPS = 1 << 15
+# Where the host path splits a buffer into overlapping rows: from SPLIT_MIN_STEPS steps on, with two
+# or more numba threads, into ROWS_PER_THREAD rows per thread, each overlapping the next by OVERLAP
+# steps (doubled up to OVERLAP_MAX while some overlap holds no episode end). The threshold is high:
+# a parallel region waits for every thread, which on a busy machine costs milliseconds (10x the
+# scan of 100k steps, docs/tianshou.md), while one thread walks 256k steps in about a millisecond
+SPLIT_MIN_STEPS = 1 << 18
 ROWS_PER_THREAD = 2
 OVERLAP = 1 << 10
 OVERLAP_MAX = 1 << 16
