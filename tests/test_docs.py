@@ -27,6 +27,8 @@ PUBLIC = {
     "rl_triton/integrations/trl.py": "rl_triton.integrations.trl",
     "rl_triton/integrations/openrlhf.py": "rl_triton.integrations.openrlhf",
     "rl_triton/integrations/pufferlib.py": "rl_triton.integrations.pufferlib",
+    "rl_triton/integrations/tianshou.py": "rl_triton.integrations.tianshou",
+    "rl_triton/integrations/sample_factory.py": "rl_triton.integrations.sample_factory",
     "rl_triton/testing/__init__.py": "rl_triton.testing",
     "rl_triton/testing/catalog.py": "rl_triton.testing.catalog",
     "rl_triton/testing/oracle.py": "rl_triton.testing.oracle",

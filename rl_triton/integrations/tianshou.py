@@ -37,6 +37,7 @@ the flags; where it is not so, the call runs as one row.
 from __future__ import annotations
 
 import threading
+from typing import Any, Union
 
 import numpy as np
 import torch
@@ -47,11 +48,14 @@ from ._patching import PatchState
 __all__ = ["TIANSHOU_VERSION", "compute_episodic_return", "gae_advantages", "is_patched", "patch", "patched",
            "unpatch"]
 
+Array = Union[np.ndarray, torch.Tensor]  # a 1-D numpy array or tensor
 TIANSHOU_VERSION = "2.0.1"  # the version these drop-ins were written and checked against
-# Where the host path splits a buffer into overlapping rows: from this many steps on, into at most
-# ROWS_PER_THREAD rows per numba thread, each overlapping the next by OVERLAP steps (doubled up to
-# OVERLAP_MAX while some overlap holds no episode end)
-SPLIT_MIN_STEPS = 1 << 15
+# Where the host path splits a buffer into overlapping rows: from SPLIT_MIN_STEPS steps on, with two
+# or more numba threads, into ROWS_PER_THREAD rows per thread, each overlapping the next by OVERLAP
+# steps (doubled up to OVERLAP_MAX while some overlap holds no episode end). The threshold is high:
+# a parallel region waits for every thread, which on a busy machine costs milliseconds (10x the
+# scan of 100k steps, docs/tianshou.md), while one thread walks 256k steps in about a millisecond
+SPLIT_MIN_STEPS = 1 << 18
 ROWS_PER_THREAD = 2
 OVERLAP = 1 << 10
 OVERLAP_MAX = 1 << 16
@@ -68,9 +72,9 @@ def _numba_threads() -> int:
 def _layout(end_flag: np.ndarray) -> tuple[int, int, int] | None:
     """``(P, S, H)``: P rows of S + H steps, row k starting at k * S, where every overlap holds an
     episode end; None where the buffer is short or no such split is found."""
-    n = end_flag.shape[0]
-    rows = ROWS_PER_THREAD * _numba_threads()
-    if n < SPLIT_MIN_STEPS or rows < 2:
+    n, threads = end_flag.shape[0], _numba_threads()
+    rows = ROWS_PER_THREAD * threads
+    if n < SPLIT_MIN_STEPS or threads < 2:  # one thread walks one row fastest: no copy of the kept outputs
         return None
     overlap = OVERLAP
     while overlap <= min(OVERLAP_MAX, n // (2 * rows)):
@@ -92,44 +96,52 @@ def _rows(x: torch.Tensor, layout) -> torch.Tensor:
 
 
 def _kept(y: torch.Tensor, layout, n: int) -> torch.Tensor:
-    """The flat result from the rows' outputs: row k's first S steps, the last row's overlap."""
+    """The flat result from the rows' outputs: row k's first S steps, the last row's overlap
+    (numpy copies on the host: a torch copy there waits on its thread pool)."""
     rows, stride, h = layout
+    if y.device.type == "cpu":
+        src, out = y.numpy(), np.empty(n, dtype=y.numpy().dtype)
+        out[:rows * stride].reshape(rows, stride)[...] = src[:, :stride]
+        out[rows * stride:] = src[-1, stride:]
+        return torch.from_numpy(out)
     out = torch.empty(n, dtype=y.dtype, device=y.device)
     out[:rows * stride].view(rows, stride).copy_(y[:, :stride])
     out[rows * stride:].copy_(y[-1, stride:])
     return out
 
 
+_NUMBERS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
 def _as_tensor(x, name: str, device=None, dtype=torch.float64) -> torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        t = x.detach()
-    elif isinstance(x, np.ndarray):
-        t = torch.from_numpy(np.ascontiguousarray(x))
+    """``x`` as a contiguous 1-D tensor of ``dtype`` (None: its own) on ``device`` (None: its
+    own); numpy arrays are converted by numpy (a torch conversion on the host waits on its
+    thread pool) and wrapped without a copy."""
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind not in "biuf":
+            raise TypeError(f"{name} must hold real numbers, got {x.dtype}")
+        np_dtype = None if dtype is None else torch.empty((), dtype=dtype).numpy().dtype
+        t = torch.from_numpy(np.ascontiguousarray(x.reshape(-1), dtype=np_dtype))
+    elif isinstance(x, torch.Tensor):
+        if not (x.is_floating_point() or x.dtype in _NUMBERS):
+            raise TypeError(f"{name} must hold real numbers, got {x.dtype}")
+        t = x.detach().reshape(-1).contiguous()
+        if dtype is not None and t.dtype != dtype:
+            t = t.to(dtype)
     else:
         raise TypeError(f"{name} must be a numpy array or a torch.Tensor, got {type(x).__name__}")
-    t = t.reshape(-1).contiguous()
-    if dtype is not None and t.dtype != dtype:
-        if dtype == torch.float64 and not (t.is_floating_point() or t.dtype in (torch.bool, torch.uint8, torch.int8,
-                                                                                 torch.int16, torch.int32,
-                                                                                 torch.int64)):
-            raise TypeError(f"{name} must hold real numbers, got {t.dtype}")
-        t = t.to(dtype)
     return t if device is None else t.to(device)
 
 
 def _run(fn, tensors: dict, end: torch.Tensor, n_out: int, **kwargs):
-    """``fn(**tensors, **kwargs)`` on 1-D tensors, as overlapping rows on the host where
-    ``_layout`` finds them, else as one row."""
-    n = end.shape[0]
-    layout = None
-    if end.device.type == "cpu":
-        layout = _layout(end.numpy())
-    if layout is None:
-        return fn(**tensors, **kwargs)
-    outs = fn(**{k: _rows(v, layout) for k, v in tensors.items()}, **kwargs)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    kept = tuple(_kept(y, layout, n) for y in outs[:n_out])
-    return kept if n_out > 1 else kept[0]
+    """The first ``n_out`` outputs of ``fn(**tensors, **kwargs)`` on 1-D tensors, as
+    overlapping rows on the host where ``_layout`` finds them, else as one row."""
+    layout = _layout(end.numpy()) if end.device.type == "cpu" else None
+    if layout is not None:
+        tensors = {k: _rows(v, layout) for k, v in tensors.items()}
+    outs = fn(**tensors, **kwargs)
+    outs = (outs if isinstance(outs, tuple) else (outs,))[:n_out]
+    return outs if layout is None else tuple(_kept(y, layout, end.shape[0]) for y in outs)
 
 
 def _gae_call(rewards, values, next_values, truncated, gamma, lmbda):
@@ -156,8 +168,9 @@ def _coefficient(x, name: str) -> float:
     return x
 
 
-def _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda):
-    """``(advantages, advantages + v_s)`` as float64 tensors on the values' device."""
+def _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda, n_out=2):
+    """``(advantages, advantages + v_s)`` as float64 tensors on the values' device (the
+    advantages alone where ``n_out`` is 1)."""
     device = v_s_.device if isinstance(v_s_, torch.Tensor) else (
         v_s.device if isinstance(v_s, torch.Tensor) else None)
     v_s_t = _as_tensor(v_s_, "v_s_", device)
@@ -166,11 +179,12 @@ def _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda):
     end = _as_tensor(end_flag, "end_flag", v_s_t.device, dtype=None)
     _check_lengths(v_s=v_st, v_s_=v_s_t, rew=rew_t, end_flag=end)
     gamma, gae_lambda = _coefficient(gamma, "gamma"), _coefficient(gae_lambda, "gae_lambda")
-    return _run(_gae_call, dict(rewards=rew_t, values=v_st, next_values=v_s_t, truncated=end), end, 2,
+    return _run(_gae_call, dict(rewards=rew_t, values=v_st, next_values=v_s_t, truncated=end), end, n_out,
                 gamma=gamma, lmbda=gae_lambda)
 
 
-def gae_advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda):
+def gae_advantages(v_s: Array, v_s_: Array, rew: Array, end_flag: Array, gamma: float,
+                   gae_lambda: float) -> Array:
     """Tianshou's ``_gae`` as one fused scan: the advantages, float64.
 
     A[i] = rew[i] + gamma * v_s_[i] - v_s[i] + gamma * gae_lambda * (1 - end_flag[i]) * A[i+1],
@@ -187,7 +201,7 @@ def gae_advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda):
     Returns a float64 numpy array where ``v_s_`` is one, else a float64 tensor on ``v_s_``'s
     device (CUDA values are computed there).
     """
-    adv, _ = _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda)
+    (adv,) = _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda, n_out=1)
     return adv if isinstance(v_s_, torch.Tensor) else adv.numpy()
 
 
@@ -216,8 +230,9 @@ def _end_flags(batch, buffer, indices) -> np.ndarray:
     return end_flag
 
 
-def compute_episodic_return(batch, buffer, indices, v_s_=None, v_s=None, gamma: float = 0.99,
-                            gae_lambda: float = 0.95):
+def compute_episodic_return(batch: Any, buffer: Any, indices: np.ndarray, v_s_: Array | None = None,
+                            v_s: Array | None = None, gamma: float = 0.99,
+                            gae_lambda: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
     """Tianshou's ``Algorithm.compute_episodic_return`` as one fused scan: ``(returns,
     advantages)``, float64 numpy arrays of the batch's length.
 
@@ -246,7 +261,8 @@ def compute_episodic_return(batch, buffer, indices, v_s_=None, v_s=None, gamma: 
         rew_t = _as_tensor(rew, "batch.rew")
         end = torch.from_numpy(end_flag)
         _check_lengths(rew=rew_t, end_flag=end)
-        returns = _run(_return_call, dict(rewards=rew_t, done=end), end, 1, gamma=gamma).numpy()
+        (returns,) = _run(_return_call, dict(rewards=rew_t, done=end), end, 1, gamma=gamma)
+        returns = returns.numpy()
         return returns, returns.copy()
     device = None
     if v_s_ is None:
