@@ -5,7 +5,9 @@ For each rollout shape the demo runs the seven estimators and ``affine_scan`` on
 plain torch loop), checks each result against ``backend="torch"`` (the plain loop over time),
 times both (median of several repeats) and prints one table. On CPU it also times GAE against
 a numpy re-implementation of Stable-Baselines3's ``RolloutBuffer.compute_returns_and_advantage``
-loop, fed with SB3's observation-aligned ``episode_starts`` flags.
+loop, fed with SB3's observation-aligned ``episode_starts`` flags. ``arrival_gae`` and
+``group_advantages`` are checked against the float64 oracle (rl_triton.testing.oracle), whose
+time is shown without a speed-up.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 import rl_triton as rt
 from rl_triton.core.launch import resolve_backend
-from rl_triton.testing import Problem, make
+from rl_triton.testing import Problem, make, oracle
 
 GAMMA = 0.99
 LMBDA = 0.95
@@ -108,6 +110,48 @@ def sb3_calls(shape: Shape):
                              GAMMA, LMBDA)
 
     return problem.call, loop
+
+
+# --------------------------------------------------------------------------------------
+# estimators checked against the float64 oracle (rl_triton.testing.oracle)
+
+ORACLE = "float64 oracle"
+GROUP_SIZE = 8  # responses per prompt
+RESPONSE_LENGTH = 64  # tokens per response
+
+
+@dataclass
+class Batch:
+    """The shape of a token-level batch: responses x tokens."""
+
+    dims: Tuple[int, int]
+
+    @property
+    def label(self) -> str:
+        return f"{self.dims[0]}x{self.dims[1]} (B,L)"
+
+
+def oracle_calls(shape: Shape, device: torch.device):
+    """(name, shape, fast, oracle) for the estimators the demo checks against the float64
+    oracle: ``arrival_gae`` on PufferLib-style rows of ``shape`` (clipped importance ratios, dones
+    arriving with the next observation) and ``group_advantages`` (GRPO) on as many tokens, in
+    responses of RESPONSE_LENGTH tokens, GROUP_SIZE responses per prompt, a random response mask."""
+    arrival = make("arrival_gae", shape.dims, "ratio+done", time_dim=shape.time_dim, device=device,
+                   seed=len(ESTIMATORS) + 1, p_term=DONE_PROB, p_trunc=0.0, gamma=GAMMA, lmbda=LMBDA)
+    B = max(GROUP_SIZE, shape.dims[0] * shape.dims[1] // RESPONSE_LENGTH)
+    g = torch.Generator().manual_seed(len(ESTIMATORS) + 2)
+    scores = torch.randn(B, generator=g)
+    ids = torch.randperm(B, generator=g) // GROUP_SIZE  # prompts in shuffled order
+    mask = torch.rand(B, RESPONSE_LENGTH, generator=g) < 0.9
+    on_device = [x.to(device) for x in (scores, ids, mask)]
+    labels = ids.tolist()
+
+    def grouped():
+        return rt.group_advantages(*on_device[:2], mode="grpo", mask=on_device[2])
+
+    return [("arrival_gae", shape, lambda: arrival.call("auto"), arrival.expected),
+            ("group_advantages", Batch((B, RESPONSE_LENGTH)), grouped,
+             lambda: oracle.group_advantages(scores.double().numpy(), labels, "grpo", mask.numpy()))]
 
 
 # --------------------------------------------------------------------------------------
@@ -241,8 +285,9 @@ def _measure(name, shape, fast, loop, loop_name, fast_name, repeats, dev) -> Lis
     loop_repeats = repeats if loop_once * repeats < 2.0 else max(1, min(repeats, 3))
     t_loop = median_time(loop, loop_repeats, dev)
     loop_cell = fmt_time(t_loop) + ("" if loop_name == "torch loop" else f" ({loop_name})")
+    speed_up = "-" if loop_name == ORACLE else f"{t_loop / t_fast:.1f}x"  # a Python loop in float64
     return [name, shape.label, fast_name, fmt_time(t_fast), loop_cell,
-            f"{t_loop / t_fast:.1f}x", f"{err:.1e} " + ("ok" if ok else "MISMATCH")]
+            speed_up, f"{err:.1e} " + ("ok" if ok else "MISMATCH")]
 
 
 def default_shapes(device: torch.device, quick: bool) -> List[Shape]:
@@ -297,6 +342,8 @@ def run(device: Optional[str] = None, repeats: Optional[int] = None, quick: bool
           f"torch {torch.__version__}")
     print(f'backend "auto" runs "{fast_name}" here; reference: backend "torch" (plain loop over '
           f"time); float32, gamma={GAMMA}, lmbda={LMBDA}; median of {repeats} calls after warm-up")
+    print("arrival_gae and group_advantages: checked against the float64 oracle "
+          "(rl_triton.testing.oracle, a Python loop; no speed-up)")
     if fast_name == "torch" and dev.type == "cpu":
         print("note: numba is not installed, so on CPU 'auto' is the plain torch loop "
               '(pip install -e ".[cpu]" for the compiled CPU loop)')
@@ -313,6 +360,8 @@ def run(device: Optional[str] = None, repeats: Optional[int] = None, quick: bool
             fast, loop = sb3_calls(shape)
             plan.append(("gae vs SB3 numpy loop", shape, lambda fast=fast: fast("auto"), loop,
                          "SB3 numpy"))
+        for name, label, fast, expected in oracle_calls(shape, dev):
+            plan.append((name, label, fast, expected, ORACLE))
 
     rows, failures, errors = [], 0, []
     bar = _Progress(len(plan), enabled=progress)
