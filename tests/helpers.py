@@ -738,18 +738,18 @@ def rllib_ray_init(**kwargs) -> None:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def first_python_block(page: str) -> str:
-    """The first ```python block of ``page`` (a path relative to the repository root)."""
-    return re.findall(r"```python\n(.*?)```", open(os.path.join(ROOT, page)).read(), re.S)[0]
+def python_block(page: str, index: int = 0) -> str:
+    """The ``index``-th ```python block of ``page`` (a path relative to the repository root)."""
+    return re.findall(r"```python\n(.*?)```", open(os.path.join(ROOT, page)).read(), re.S)[index]
 
 
-def run_first_python_block(page: str, cwd, path=()):
-    """Run the first ```python block of ``page`` as written, in a fresh Python process in the
-    directory ``cwd`` with the repository (and the directories ``path``) first on sys.path;
-    the finished process (returncode, stdout, stderr)."""
+def run_python_block(page: str, cwd, path=(), index: int = 0):
+    """Run the ``index``-th ```python block of ``page`` (default: the first) as written, in a
+    fresh Python process in the directory ``cwd`` with the repository (and the directories
+    ``path``) first on sys.path; the finished process (returncode, stdout, stderr)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, path), ROOT, os.environ.get("PYTHONPATH", "")]),
                MPLBACKEND="Agg")
-    return subprocess.run([sys.executable, "-c", first_python_block(page)], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-c", python_block(page, index)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import run_first_python_block
+from helpers import run_python_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -192,5 +192,12 @@ def test_framework_page_first_snippet_runs(page, tmp_path):
         path = [tmp_path / "stand_in"]
     work = tmp_path / "work"
     work.mkdir()
-    done = run_first_python_block(f"docs/{page}.md", work, path)
+    done = run_python_block(f"docs/{page}.md", work, path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def test_rl_games_page_patch_block_runs(tmp_path):
+    """docs/rl_games.md's second block (patch, unpatch, a patched block) imports what it uses."""
+    pytest.importorskip("rl_games")
+    done = run_python_block("docs/rl_games.md", tmp_path, index=1)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

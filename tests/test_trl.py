@@ -22,7 +22,7 @@ from rl_triton.core import kernels
 from rl_triton.integrations.trl import compute_advantages, whiten_rewards
 from rl_triton.testing import frameworks
 
-from helpers import run_first_python_block
+from helpers import run_python_block
 
 F64, F32 = torch.float64, torch.float32
 BACKENDS = ["cpu", "torch"] + (["triton"] if kernels.AVAILABLE and kernels.INTERPRET else [])
@@ -463,5 +463,5 @@ def test_framework_page_first_snippet_runs(page, tmp_path):
     """docs/trl.md's first ```python block runs as written in a fresh process, in the environment
     that has TRL (tests/test_docs.py runs the other framework pages')."""
     _real_ppo()
-    done = run_first_python_block(f"docs/{page}.md", tmp_path)
+    done = run_python_block(f"docs/{page}.md", tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
