@@ -42,7 +42,9 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma: float, gae
     ``(N,)``, V of the observation after the rollout; ``next_done``: ``(N,)``.
     delta[t] = r[t] + gamma * V(t+1) * (1 - done[t+1]) - V(t), A[t] = delta[t] +
     gamma * gae_lambda * (1 - done[t+1]) * A[t+1], with done[T] = next_done, V(T) = next_value.
-    Returns ``(advantages, returns = advantages + values)``.
+    ``gamma``, ``gae_lambda``: CleanRL's ``args.gamma`` and ``args.gae_lambda``, in [0, 1].
+    Returns ``(advantages, returns = advantages + values)``. Arguments that are not torch
+    tensors (numpy arrays, say) raise TypeError.
     """
     if not isinstance(rewards, torch.Tensor):
         raise TypeError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
