@@ -46,8 +46,9 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma: float, gae
     Returns ``(advantages, returns = advantages + values)``. Arguments that are not torch
     tensors (numpy arrays, say) raise TypeError.
     """
-    if not isinstance(rewards, torch.Tensor):
-        raise TypeError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
+    for name, x in (("rewards", rewards), ("values", values), ("dones", dones)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be a (num_steps, num_envs) tensor, got shape {tuple(rewards.shape)}")
     n = rewards.shape[1]
