@@ -6,8 +6,9 @@ plain torch loop), checks each result against ``backend="torch"`` (the plain loo
 times both (median of several repeats) and prints one table. On CPU it also times GAE against
 a numpy re-implementation of Stable-Baselines3's ``RolloutBuffer.compute_returns_and_advantage``
 loop, fed with SB3's observation-aligned ``episode_starts`` flags. ``masked_whiten`` (with a
-mask of about 80% valid elements) is checked against the float64 oracle
-(``rl_triton.testing.oracle.masked_whiten``) instead of the torch backend.
+mask of about 80% valid elements), ``arrival_gae`` and ``group_advantages`` are checked against
+the float64 oracle (``rl_triton.testing.oracle``) instead of the torch backend; the oracle's time
+is shown without a speed-up.
 """
 
 from __future__ import annotations
@@ -68,18 +69,6 @@ def rollout_problems(shape: Shape, device: torch.device, seed: int = 0) -> List[
             for i, (name, (variant, hyper)) in enumerate(ESTIMATORS.items())]
 
 
-def whiten_calls(shape: Shape, device: torch.device, seed: int = 0):
-    """(fast, oracle) for ``masked_whiten`` of float32 advantages of ``shape`` over a random mask
-    (about 80% valid): ``backend="auto"``, and the float64 oracle on the same values."""
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(shape.dims, generator=g) * 2.0 + 0.5).to(device)
-    mask = (torch.rand(shape.dims, generator=g) < 0.8).to(device)
-
-    def reference():
-        return torch.from_numpy(oracle.masked_whiten(x.double().cpu().numpy(), mask.cpu().numpy()))
-    return (lambda: rt.masked_whiten(x, mask)), reference
-
-
 # --------------------------------------------------------------------------------------
 # Stable-Baselines3 reference (CPU, numpy, time-major [T, N])
 
@@ -122,6 +111,56 @@ def sb3_calls(shape: Shape):
                              GAMMA, LMBDA)
 
     return problem.call, loop
+
+
+# --------------------------------------------------------------------------------------
+# estimators checked against the float64 oracle (rl_triton.testing.oracle)
+
+ORACLE = "float64 oracle"
+GROUP_SIZE = 8  # responses per prompt
+RESPONSE_LENGTH = 64  # tokens per response
+
+
+@dataclass
+class Batch:
+    """The shape of a token-level batch: responses x tokens."""
+
+    dims: Tuple[int, int]
+
+    @property
+    def label(self) -> str:
+        return f"{self.dims[0]}x{self.dims[1]} (B,L)"
+
+
+def oracle_calls(shape: Shape, device: torch.device):
+    """(name, shape, fast, oracle) for the estimators the demo checks against the float64
+    oracle: ``arrival_gae`` on PufferLib-style rows of ``shape`` (clipped importance ratios, dones
+    arriving with the next observation) and ``group_advantages`` (GRPO) on as many tokens, in
+    responses of RESPONSE_LENGTH tokens, GROUP_SIZE responses per prompt, a random response mask),
+    and ``masked_whiten`` of float32 advantages of ``shape`` over a random mask (about 80% valid)."""
+    arrival = make("arrival_gae", shape.dims, "ratio+done", time_dim=shape.time_dim, device=device,
+                   seed=len(ESTIMATORS) + 1, p_term=DONE_PROB, p_trunc=0.0, gamma=GAMMA, lmbda=LMBDA)
+    B = max(GROUP_SIZE, shape.dims[0] * shape.dims[1] // RESPONSE_LENGTH)
+    g = torch.Generator().manual_seed(len(ESTIMATORS) + 2)
+    scores = torch.randn(B, generator=g)
+    ids = torch.randperm(B, generator=g) // GROUP_SIZE  # prompts in shuffled order
+    mask = torch.rand(B, RESPONSE_LENGTH, generator=g) < 0.9
+    on_device = [x.to(device) for x in (scores, ids, mask)]
+    labels = ids.tolist()
+
+    def grouped():
+        return rt.group_advantages(*on_device[:2], mode="grpo", mask=on_device[2])
+
+    x = (torch.randn(shape.dims, generator=g) * 2.0 + 0.5).to(device)
+    valid = (torch.rand(shape.dims, generator=g) < 0.8).to(device)
+
+    def whitened():
+        return torch.from_numpy(oracle.masked_whiten(x.double().cpu().numpy(), valid.cpu().numpy()))
+
+    return [("arrival_gae", shape, lambda: arrival.call("auto"), arrival.expected),
+            ("masked_whiten", shape, lambda: rt.masked_whiten(x, valid), whitened),
+            ("group_advantages", Batch((B, RESPONSE_LENGTH)), grouped,
+             lambda: oracle.group_advantages(scores.double().numpy(), labels, "grpo", mask.numpy()))]
 
 
 # --------------------------------------------------------------------------------------
@@ -255,8 +294,9 @@ def _measure(name, shape, fast, loop, loop_name, fast_name, repeats, dev) -> Lis
     loop_repeats = repeats if loop_once * repeats < 2.0 else max(1, min(repeats, 3))
     t_loop = median_time(loop, loop_repeats, dev)
     loop_cell = fmt_time(t_loop) + ("" if loop_name == "torch loop" else f" ({loop_name})")
+    speed_up = "-" if loop_name == ORACLE else f"{t_loop / t_fast:.1f}x"  # a Python loop in float64
     return [name, shape.label, fast_name, fmt_time(t_fast), loop_cell,
-            f"{t_loop / t_fast:.1f}x", f"{err:.1e} " + ("ok" if ok else "MISMATCH")]
+            speed_up, f"{err:.1e} " + ("ok" if ok else "MISMATCH")]
 
 
 def default_shapes(device: torch.device, quick: bool) -> List[Shape]:
@@ -311,6 +351,8 @@ def run(device: Optional[str] = None, repeats: Optional[int] = None, quick: bool
           f"torch {torch.__version__}")
     print(f'backend "auto" runs "{fast_name}" here; reference: backend "torch" (plain loop over '
           f"time); float32, gamma={GAMMA}, lmbda={LMBDA}; median of {repeats} calls after warm-up")
+    print("arrival_gae, masked_whiten and group_advantages: checked against the float64 oracle "
+          "(rl_triton.testing.oracle, a Python loop; no speed-up)")
     if fast_name == "torch" and dev.type == "cpu":
         print("note: numba is not installed, so on CPU 'auto' is the plain torch loop "
               '(pip install -e ".[cpu]" for the compiled CPU loop)')
@@ -323,11 +365,12 @@ def run(device: Optional[str] = None, repeats: Optional[int] = None, quick: bool
         for name, problem in rollout_problems(shape, dev):
             plan.append((name, shape, lambda p=problem: p.call("auto"),
                          lambda p=problem: p.call("torch"), "torch loop"))
-        plan.append(("masked_whiten", shape, *whiten_calls(shape, dev), "float64 oracle"))
         if dev.type == "cpu" and shape.time_dim == 0:
             fast, loop = sb3_calls(shape)
             plan.append(("gae vs SB3 numpy loop", shape, lambda fast=fast: fast("auto"), loop,
                          "SB3 numpy"))
+        for name, label, fast, expected in oracle_calls(shape, dev):
+            plan.append((name, label, fast, expected, ORACLE))
 
     rows, failures, errors = [], 0, []
     bar = _Progress(len(plan), enabled=progress)

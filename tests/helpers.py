@@ -14,6 +14,8 @@ import functools
 import math
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -729,10 +731,32 @@ def rllib_ray_init(**kwargs) -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, **kwargs)
 
 
+# --------------------------------------------------------------------------------------
+# the documentation's snippets
+# --------------------------------------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def python_block(page: str, index: int = 0) -> str:
+    """The ``index``-th ```python block of ``page`` (a path relative to the repository root)."""
+    return re.findall(r"```python\n(.*?)```", open(os.path.join(ROOT, page)).read(), re.S)[index]
+
+
+def run_python_block(page: str, cwd, path=(), index: int = 0):
+    """Run the ``index``-th ```python block of ``page`` (default: the first) as written, in a
+    fresh Python process in the directory ``cwd`` with the repository (and the directories
+    ``path``) first on sys.path; the finished process (returncode, stdout, stderr)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, path), ROOT, os.environ.get("PYTHONPATH", "")]),
+               MPLBACKEND="Agg")
+    return subprocess.run([sys.executable, "-c", python_block(page, index)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
 def rllib_docs_counts_recipe() -> str:
     """docs/rllib.md's Python expression (in backticks) for rl_triton's call counts in the
     Learner actors."""
-    text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "rllib.md")).read()
+    text = open(os.path.join(ROOT, "docs", "rllib.md")).read()
     (recipe,) = re.findall(r"`([^`]*foreach_learner[^`]*call_counts\(\)[^`]*)`", text)
     return recipe
 

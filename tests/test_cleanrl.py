@@ -71,3 +71,6 @@ def test_numpy_input_is_a_type_error():
     r = np.zeros((8, 4), dtype=np.float32)
     with pytest.raises(TypeError, match=r"rewards must be a torch.Tensor, got ndarray"):
         compute_gae(r, r, r, np.zeros(4), np.zeros(4), 0.99, 0.95)
+    t = torch.zeros(8, 4)
+    with pytest.raises(TypeError, match=r"^dones must be a torch.Tensor, got ndarray"):  # CleanRL's name
+        compute_gae(t, t, r, torch.zeros(4), torch.zeros(4), 0.99, 0.95)

@@ -7,6 +7,8 @@ import sys
 import pytest
 import torch
 
+import rl_triton as rt
+from rl_triton import demo
 from rl_triton.demo import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,3 +38,24 @@ def test_bad_device_is_one_line_naming_it(device, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert len(captured.err.splitlines()) == 1 and captured.err.startswith(f"error: --device {device}")
+
+
+def test_demo_checks_arrival_gae_and_group_advantages_against_the_oracle(capsys):
+    """The demo's rows for arrival_gae and group_advantages compare the library with the float64
+    oracle (rl_triton.testing.oracle), and a wrong result there fails the demo."""
+    assert main(["--quick", "--repeats", "1", "--device", "cpu", "--no-progress"]) == 0
+    rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ")}
+    for name in ("arrival_gae", "group_advantages"):
+        assert "(float64 oracle)" in rows[name] and rows[name].rstrip(" |").endswith(" ok"), rows[name]
+
+
+def test_demo_oracle_rows_catch_a_wrong_result(monkeypatch):
+    shape = demo.Shape((16, 8), 0)
+    calls = demo.oracle_calls(shape, torch.device("cpu"))
+    for name, _, fast, expected in calls:
+        assert demo.max_error(fast(), expected())[1], name
+    true_group_advantages = rt.group_advantages
+    monkeypatch.setattr(rt, "group_advantages", lambda *a, **k: true_group_advantages(*a, **k) * 1.01)
+    (_, _, fast, expected), = [c for c in demo.oracle_calls(shape, torch.device("cpu")) if c[0] == "group_advantages"]
+    assert not demo.max_error(fast(), expected())[1]

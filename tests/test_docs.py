@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import run_python_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -239,3 +240,52 @@ def test_documented_needs_a_text_for_every_argument():
     built = documented(brand_new="its text.")(f).__doc__
     assert _args_section(built) == ["rewards", "gamma", "brand_new"]
     assert " ".join(ARGS["gamma"].split()[:6]) in " ".join(built.split())
+# framework page -> the module its first snippet needs (None: rl_triton alone). verl's and TRL's
+# pages: tests/test_verl.py and tests/test_trl.py, in the environment that has them.
+PAGE_NEEDS = {"sb3": "stable_baselines3", "torchrl": "torchrl", "cleanrl": None, "rllib": "ray.rllib",
+              "rsl_rl": "rsl_rl", "skrl": "skrl", "rl_games": "rl_games", "pufferlib": "pufferlib",
+              "openrlhf": "openrlhf"}
+# pufferlib.pufferl as far as patch() reads it (pufferlib 3.0.0 does not install on a CPU-only
+# machine: docs/pufferlib.md); the same stand-in as tests/test_pufferlib.py's
+STAND_INS = {"pufferlib": {"pufferlib/__init__.py": "", "pufferlib/pufferl.py": None}}
+# OpenRLHF's RemoteExperienceMaker with the two methods patch() replaces, their 0.11 signatures
+OPENRLHF_MAKER = """
+class RemoteExperienceMaker:
+    def get_advantages_and_returns(self, values, rewards, action_mask, gamma, lambd):
+        raise RuntimeError("OpenRLHF's own method ran")
+
+    def get_cumulative_returns(self, rewards, action_mask, gamma):
+        raise RuntimeError("OpenRLHF's own method ran")
+"""
+STAND_INS["openrlhf"] = {f"openrlhf/{p}__init__.py": "" for p in ("", "trainer/", "trainer/ppo_utils/")}
+STAND_INS["openrlhf"]["openrlhf/trainer/ppo_utils/experience_maker.py"] = OPENRLHF_MAKER
+
+
+@pytest.mark.parametrize("page", sorted(PAGE_NEEDS))
+def test_framework_page_first_snippet_runs(page, tmp_path):
+    """The first ```python block of each framework page runs as written in a fresh process. Where
+    the framework is missing the test skips, except for PufferLib and OpenRLHF, whose snippets
+    (patch and unpatch) run on a stand-in package of the structure patch() reads when the real
+    one is not installed (PufferLib 3.0.0 does not install beside the other frameworks)."""
+    module = PAGE_NEEDS[page]
+    path = []
+    if module is not None and importlib.util.find_spec(module.split(".")[0]) is None:
+        if page not in STAND_INS:
+            pytest.skip(f"{module} is not installed")
+        from test_pufferlib import PUFFERL
+
+        for name, text in STAND_INS[page].items():
+            (tmp_path / "stand_in" / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "stand_in" / name).write_text(PUFFERL if text is None else text)
+        path = [tmp_path / "stand_in"]
+    work = tmp_path / "work"
+    work.mkdir()
+    done = run_python_block(f"docs/{page}.md", work, path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def test_rl_games_page_patch_block_runs(tmp_path):
+    """docs/rl_games.md's second block (patch, unpatch, a patched block) imports what it uses."""
+    pytest.importorskip("rl_games")
+    done = run_python_block("docs/rl_games.md", tmp_path, index=1)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

@@ -1,7 +1,8 @@
 """group_advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++ with baseline) against two references:
 
 - a transcription of verl's per-group Python loops (``verl_*`` below), run on the same inputs;
-- an independent float64 numpy oracle written from the formulas (``oracle``).
+- the independent float64 oracle written from the formulas of docs/semantics.md, section 16
+  (``rl_triton.testing.oracle.group_advantages``).
 
 Both references take the same ids the library takes (strings, ints, tuples, mixed), in shuffled
 order, with groups of any size from 1 to 16.
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 from rl_triton.core import groups
 from rl_triton.core.groups import group_advantages
+from rl_triton.testing.oracle import group_advantages as oracle
 
 MODES = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
 RFPP = "reinforce_plus_plus_baseline"
@@ -130,40 +132,6 @@ def verl_reference(scores, index, mode, mask=None, eps=1e-6):
     else:
         res = verl_rfpp_baseline(tlr, m, index)
     return res if mask is not None else res[:, 0]
-
-
-# ---------------------------------------------------------------------------------------------
-# independent float64 oracle (numpy, from the formulas of docs/semantics.md)
-# ---------------------------------------------------------------------------------------------
-
-
-def oracle(scores, labels, mode, mask=None, eps=1e-6):
-    """``labels``: one hashable per response. RLOO in its leave-one-out form (s_i minus the mean
-    of the other scores); the whitening from the repeated token values."""
-    s = np.asarray(scores, dtype=np.float64)
-    members = defaultdict(list)
-    for i, lab in enumerate(labels):
-        members[lab].append(i)
-    a = np.empty_like(s)
-    one_eps = float(np.float32(1.0) + np.float32(eps))  # a group of one: float32 std 1, plus eps
-    for idx in members.values():
-        g = s[idx]
-        for j, i in enumerate(idx):
-            if len(idx) == 1:
-                a[i] = s[i] / one_eps if mode == "grpo" else s[i]
-            elif mode == "grpo":
-                a[i] = (s[i] - g.mean()) / (g.std(ddof=1) + eps)
-            elif mode == "rloo":
-                a[i] = s[i] - np.delete(g, j).mean()
-            else:
-                a[i] = s[i] - g.mean()
-    if mask is None:
-        return a
-    valid = np.asarray(mask) != 0
-    if mode == RFPP:
-        tokens = np.repeat(a, valid.sum(1))
-        a = (a - tokens.mean()) / np.sqrt(tokens.var(ddof=1) + 1e-8)
-    return np.where(valid, a[:, None], 0.0)
 
 
 # ---------------------------------------------------------------------------------------------

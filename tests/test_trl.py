@@ -22,6 +22,8 @@ from rl_triton.core import kernels
 from rl_triton.integrations.trl import compute_advantages, whiten_rewards
 from rl_triton.testing import frameworks
 
+from helpers import run_python_block
+
 F64, F32 = torch.float64, torch.float32
 BACKENDS = ["cpu", "torch"] + (["triton"] if kernels.AVAILABLE and kernels.INTERPRET else [])
 PAD, EOS, VOCAB = 0, 1, 40
@@ -453,3 +455,13 @@ def test_real_trl_with_the_docs_diff(whiten):
     assert "lastgaelam" in theirs and "lastgaelam" not in ours  # the loop ran in TRL's only
     for name in ("advantages", "returns", "rewards"):
         _close(ours[name], theirs[name], F32)
+
+
+@pytest.mark.framework
+@pytest.mark.parametrize("page", ["trl"])
+def test_framework_page_first_snippet_runs(page, tmp_path):
+    """docs/trl.md's first ```python block runs as written in a fresh process, in the environment
+    that has TRL (tests/test_docs.py runs the other framework pages')."""
+    _real_ppo()
+    done = run_python_block(f"docs/{page}.md", tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

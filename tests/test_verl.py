@@ -33,7 +33,7 @@ import torch
 import rl_triton.integrations.verl as rt_verl
 from rl_triton.testing.frameworks import verl_gae, verl_grpo
 
-from helpers import concurrent_patch_use, nested_blocks_across_threads
+from helpers import concurrent_patch_use, nested_blocks_across_threads, run_python_block
 
 F64, F32 = torch.float64, torch.float32
 TOL = {F64: 1e-12, F32: 1e-6}
@@ -1105,3 +1105,13 @@ def test_real_verl_compute_advantage(estimator, norm, dtype, rl_triton_calls):
     for a, b in zip(ours, theirs):
         assert a.dtype == b.dtype
         _close(a, b, _real_tol(estimator, dtype))
+
+
+@pytest.mark.framework
+@pytest.mark.parametrize("page", ["verl"])
+def test_framework_page_first_snippet_runs(page, tmp_path):
+    """docs/verl.md's first ```python block (patch, unpatch, a patched block) runs as written in a
+    fresh process with the real verl (tests/test_docs.py runs the other framework pages')."""
+    _real_core_algos()
+    done = run_python_block(f"docs/{page}.md", tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

@@ -40,7 +40,8 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma: float, gae
 
     delta[t] = r[t] + gamma * V(t+1) * (1 - done[t+1]) - V(t), A[t] = delta[t] +
     gamma * gae_lambda * (1 - done[t+1]) * A[t+1], with done[T] = next_done, V(T) = next_value.
-    Returns ``(advantages, returns = advantages + values)``.
+    Returns ``(advantages, returns = advantages + values)``. Arguments that are not torch tensors
+    (numpy arrays, say) raise TypeError.
 
     Args:
         rewards: ``(num_steps, num_envs)`` float tensor of rewards, on any device; the outputs
@@ -54,8 +55,9 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma: float, gae
         gamma: the discount in [0, 1].
         gae_lambda: the GAE lambda in [0, 1].
     """
-    if not isinstance(rewards, torch.Tensor):
-        raise TypeError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
+    for name, x in (("rewards", rewards), ("values", values), ("dones", dones)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be a (num_steps, num_envs) tensor, got shape {tuple(rewards.shape)}")
     n = rewards.shape[1]

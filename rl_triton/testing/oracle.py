@@ -37,6 +37,7 @@ __all__ = [
     "episodic_cumsum",
     "gae",
     "gae_masked",
+    "group_advantages",
     "implied_next_values",
     "masked_moments",
     "masked_whiten",
@@ -446,3 +447,52 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
             raise ValueError(f"eps_mode must be 'add', 'clamp' or 'std', got {eps_mode!r}")
     y = (x - mean) * rstd  # elementwise float64, one rounding per operation
     return y if shift_mean else y + mean
+@_ieee
+def group_advantages(scores, labels, mode="grpo", mask=None, eps=1e-6):
+    """Group advantages (docs/semantics.md, section 16.2), one group at a time.
+
+    ``scores``: ``[B]``; ``labels``: ``B`` hashable group ids (equal ids form a group);
+    ``mode``: "grpo", "drgrpo", "rloo" or "reinforce_plus_plus_baseline"; ``mask``: optional
+    ``[B, L]``, valid where nonzero (required by "reinforce_plus_plus_baseline").
+    For a group of n > 1 with mean m and unbiased standard deviation s: grpo (x - m) / (s + eps),
+    drgrpo and reinforce_plus_plus_baseline x - m, rloo x minus the mean of the other n - 1
+    scores. A group of one: grpo x / (1 + eps) with 1 + eps rounded to float32, the others x.
+    reinforce_plus_plus_baseline then whitens over the valid tokens: each row counts once per
+    valid token, (a - mu) / sqrt(var + 1e-8) with the unbiased variance. With ``mask`` the
+    result is ``[B, L]``: the advantage where the mask is nonzero, 0 elsewhere.
+    """
+    s = _f(scores)
+    members = {}
+    for i, label in enumerate(labels):
+        members.setdefault(label, []).append(i)
+    a = np.zeros(len(s))
+    one_eps = float(np.float32(1.0) + np.float32(eps))
+    for idx in members.values():
+        n = len(idx)
+        if n == 1:
+            a[idx[0]] = s[idx[0]] / one_eps if mode == "grpo" else s[idx[0]]
+            continue
+        mean = sum(s[j] for j in idx) / n
+        std = math.sqrt(sum((s[j] - mean) ** 2 for j in idx) / (n - 1))
+        for i in idx:
+            if mode == "grpo":
+                a[i] = (s[i] - mean) / (std + eps)
+            elif mode == "rloo":
+                a[i] = s[i] - sum(s[j] for j in idx if j != i) / (n - 1)
+            else:
+                a[i] = s[i] - mean
+    if mask is None:
+        return a
+    valid = _b(mask)
+    if mode == "reinforce_plus_plus_baseline":
+        # one valid token gives var = 0 / 0 (NaN), none an all-zero result: float64 division
+        tokens = [a[i] for i in range(len(a)) for _ in range(int(valid[i].sum()))]
+        mu = np.float64(sum(tokens)) / len(tokens)
+        var = np.float64(sum((x - mu) ** 2 for x in tokens)) / (len(tokens) - 1)
+        a = (a - mu) / np.sqrt(var + 1e-8)
+    out = np.zeros(valid.shape)
+    for i in range(valid.shape[0]):
+        for t in range(valid.shape[1]):
+            if valid[i, t]:
+                out[i, t] = a[i]
+    return out
