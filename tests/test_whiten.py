@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import TRITON_INTERPRET_AT_STARTUP, require_backend
-from rl_triton.core.whiten import masked_moments, masked_whiten
+from rl_triton.core.whiten import EPS_MODES, masked_moments, masked_whiten
 from rl_triton.testing import oracle
 
 F64, F32 = torch.float64, torch.float32
@@ -595,3 +595,19 @@ def test_extreme_magnitudes_moments_are_float64(dtype):
         assert float(m2) == pytest.approx(m2_ref, rel=1e-14)
         if dtype == F32:
             assert float(m2) > torch.finfo(F32).max
+
+
+@pytest.mark.parametrize("backend, device", BACKEND_DEVICES)
+@pytest.mark.parametrize("eps_mode", EPS_MODES)
+def test_eps_enters_the_statistics_in_float64(backend, device, eps_mode):
+    """One valid element, biased variance 0: y = (x - x0) * rstd with rstd formed from eps alone,
+    so float64 output shows eps itself to 1e-13 (a compiled Triton kernel receives a Python float
+    as a float32, 1e-8 rounded by 6e-17, which would show at 3e-9 relative)."""
+    if device == "cpu":
+        require_backend(backend)
+    x = torch.tensor([1.0, 2.0, -3.0], dtype=F64, device=device)
+    m = torch.tensor([True, False, False], device=device)
+    for eps in (1e-8, 1e-6, 0.3):
+        got = masked_whiten(x, m, unbiased=False, eps=eps, eps_mode=eps_mode, backend=backend)
+        want = _oracle_whitened(x, m, unbiased=False, eps=eps, eps_mode=eps_mode)
+        torch.testing.assert_close(got, want, rtol=1e-13, atol=0.0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from numbers import Real
 
+import numpy as np
 import torch
 
 from . import cpu, inputs, launch
@@ -273,7 +274,7 @@ def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
     # each launch: grid, runtime arguments, compile-time arguments (in the kernels' order)
     calls = (
         ((P,), (ptrs[0], ptrs[1], ptrs[2], n), (valid is not None, k.BLOCK)),
-        ((1,), (ptrs[2], ptrs[3], P, eps), (unbiased, scale, eps_mode == "clamp", eps_mode == "std", k.FOLD_BLOCK)),
+        ((1,), (ptrs[2], ptrs[3], P, *_float32_pair(eps)), (unbiased, scale, eps_mode == "clamp", eps_mode == "std", k.FOLD_BLOCK)),
         ((P,), (ptrs[0], ptrs[4], ptrs[3], n), (not shift_mean, k.BLOCK)),
     )
     # what Triton specialises the kernels on: dtypes, the compile-time arguments, pointers' 16-byte
@@ -289,12 +290,23 @@ def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
         return
     compiled = (
         k.moments_kernel[(P,)](flat, m, parts, n, HAS_MASK=valid is not None, BLOCK=k.BLOCK),
-        k.fold_kernel[(1,)](parts, stats, P, eps, UNBIASED=unbiased, SCALE=scale, CLAMP=eps_mode == "clamp",
+        k.fold_kernel[(1,)](parts, stats, P, *_float32_pair(eps), UNBIASED=unbiased, SCALE=scale, CLAMP=eps_mode == "clamp",
                             STD=eps_mode == "std", FOLD_BLOCK=k.FOLD_BLOCK),
         k.normalize_kernel[(P,)](flat, out, stats, n, SHIFT_BACK=not shift_mean, BLOCK=k.BLOCK),
     )
     if all(kernels.launchable(c) for c in compiled):
         _WHITEN_KERNELS[key] = compiled
+
+
+def _float32_pair(value: float) -> tuple[float, float]:
+    """``(hi, lo)``: ``value`` rounded to float32 and the rest rounded to float32, whose float64
+    sum is ``value`` to 48 bits for values of 1e-30 or more (a kernel argument reaches Triton as
+    a float32)."""
+    with np.errstate(over="ignore"):
+        hi = float(np.float32(value))
+    if not math.isfinite(hi):  # past the float32 range (or inf): the kernel sees inf either way
+        return value, 0.0
+    return hi, float(np.float32(value - hi))
 
 
 def _combine(n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, group):

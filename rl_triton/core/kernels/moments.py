@@ -43,11 +43,14 @@ def _partials(parts, start, P, FOLD_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def fold_kernel(parts, stats, P, eps, UNBIASED: tl.constexpr, SCALE: tl.constexpr, CLAMP: tl.constexpr,
+def fold_kernel(parts, stats, P, eps_hi, eps_lo, UNBIASED: tl.constexpr, SCALE: tl.constexpr, CLAMP: tl.constexpr,
                 STD: tl.constexpr, FOLD_BLOCK: tl.constexpr):
     """stats = (mean, rstd) from P partials, in float64: N = sum n, mean = sum n*mean_p / N,
     M2 = sum M2_p + n_p*(mean_p - mean)^2; var = M2/(N-1) or M2/N; rstd = 1/sqrt(var + eps), or
-    1/sqrt(max(var, eps)) (CLAMP), or 1/(sqrt(var) + eps) (STD), or 1 (not SCALE)."""
+    1/sqrt(max(var, eps)) (CLAMP), or 1/(sqrt(var) + eps) (STD), or 1 (not SCALE). eps = eps_hi +
+    eps_lo in float64: Triton passes a Python float as a float32, so eps comes as two of them (its
+    float32 rounding and the rest), which carry eps to 48 bits (for eps of 1e-30 or more)."""
+    eps = tl.cast(eps_hi, tl.float64) + tl.cast(eps_lo, tl.float64)
     total = tl.zeros((FOLD_BLOCK,), tl.float64)
     weighted = tl.zeros((FOLD_BLOCK,), tl.float64)
     for start in range(0, P, FOLD_BLOCK):
