@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from .. import gae, group_advantages, masked_whiten
-from ._patching import PatchState, error_of
+from ._patching import PatchState, error_of, requires_framework
 
 __all__ = [
     "ESTIMATORS",
@@ -309,7 +309,9 @@ _OURS = {name: globals()[name] for name in ESTIMATORS.values()}
 # ---------------------------------------------------------------------------------------------
 
 def _core_algos():
-    """``verl.trainer.ppo.core_algos``, imported now; an ImportError naming what is missing."""
+    """``verl.trainer.ppo.core_algos``, imported now; ``FrameworkNotInstalled`` where verl is not
+    installed, an ImportError naming what is missing where verl is but a module it imports is not."""
+    requires_framework(__name__, "verl", "verl", extra="verl")
     try:
         return importlib.import_module(_CORE_ALGOS)
     except ImportError as e:
