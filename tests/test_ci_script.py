@@ -5,6 +5,7 @@ script exits non-zero. The interpreter is a stand-in (the PYTHON knob) that reco
 makes venvs of itself, and answers pip as the test says, so no package is installed."""
 
 import os
+import re
 import stat
 import subprocess
 
@@ -71,3 +72,15 @@ def test_the_stages_pass_where_every_step_does(tmp_path):
     assert "-e .[cpu]" in installs[1] and installs[1].endswith("torch==2.6"), installs
     (tests,) = [line for line in calls.splitlines() if "-m pytest" in line]
     assert "tests/test_known_values.py" in tests and "tests/test_distributed.py" not in tests, tests
+
+
+def test_readme_names_every_stage():
+    """README's paragraph on `.ci/run` describes each stage that CI_STAGES runs by default."""
+    script = open(os.path.join(ROOT, ".ci", "run")).read()
+    (default,) = re.findall(r'CI_STAGES="\$\{CI_STAGES:-([^}]+)\}"', script)
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    stages = default.split()
+    assert "oldest_torch" in stages, stages
+    assert f"`.ci/run` runs {['one', 'two', 'three', 'four', 'five'][len(stages) - 1]} stages" in readme
+    for name in stages:
+        assert f"`{name}`" in readme, name
