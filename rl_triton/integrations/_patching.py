@@ -29,8 +29,8 @@ def requires_framework(module: str, framework: str, import_name: str, extra: str
         module: the integration's module name (``__name__``), which the message starts with.
         framework: the framework's name as its users know it, e.g. ``"Stable-Baselines3"``.
         import_name: the framework's top-level module, e.g. ``"stable_baselines3"``.
-        extra: the extra of rl-triton that installs the framework; the message then says
-            ``pip install -e '.[extra]'``.
+        extra: the extra of rl-triton that installs the framework, which the message's
+            ``pip install -e`` line then names.
         requirement: where no extra installs it, the pip requirement that does, e.g.
             ``"openrlhf==0.11.0"``. Exactly one of ``extra`` and ``requirement`` is given.
     """
