@@ -240,6 +240,8 @@ def test_documented_needs_a_text_for_every_argument():
     built = documented(brand_new="its text.")(f).__doc__
     assert _args_section(built) == ["rewards", "gamma", "brand_new"]
     assert " ".join(ARGS["gamma"].split()[:6]) in " ".join(built.split())
+
+
 # framework page -> the module its first snippet needs (None: rl_triton alone). verl's and TRL's
 # pages: tests/test_verl.py and tests/test_trl.py, in the environment that has them.
 PAGE_NEEDS = {"sb3": "stable_baselines3", "torchrl": "torchrl", "cleanrl": None, "rllib": "ray.rllib",
@@ -289,3 +291,36 @@ def test_rl_games_page_patch_block_runs(tmp_path):
     pytest.importorskip("rl_games")
     done = run_python_block("docs/rl_games.md", tmp_path, index=1)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def _install_extras():
+    """(file, extra) for every extra an install line names: `.[a,b]` and `rl-triton[a,b]` in the
+    README, the docs pages, the examples, the package's messages and .ci/run (whose main-stage
+    default is the variable CI_EXTRAS), and the extras the `all` extra pulls in."""
+    paths = ["README.md", os.path.join(".ci", "run"), "pyproject.toml"]
+    for folder, suffix in (("docs", ".md"), ("examples", ".py"), ("rl_triton", ".py"), ("benchmarks", ".py")):
+        for dirpath, _, names in os.walk(os.path.join(ROOT, folder)):
+            paths += [os.path.relpath(os.path.join(dirpath, n), ROOT) for n in names if n.endswith(suffix)]
+    found = []
+    for path in paths:
+        text = open(os.path.join(ROOT, path)).read()
+        groups = re.findall(r"(?:\.|rl-triton)\[([A-Za-z0-9_,.\- ]+)\]", text)
+        groups += re.findall(r'CI_EXTRAS:-([^}"]+)\}', text)
+        found += [(path, extra.strip()) for group in groups for extra in group.split(",")]
+    return found
+
+
+def test_install_lines_name_normalised_extras():
+    """Every extra an install line names is one pyproject.toml defines, spelt in its normalised
+    form (lower case, '-' between words): pip before 23.3 matches the written name against the
+    metadata's normalised one, so `.[cpu,rsl_rl]` installed no rsl_rl there (only a warning,
+    "does not provide the extra 'rsl_rl'")."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    extras = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["project"]["optional-dependencies"]
+    normalised = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+    assert all(normalised.fullmatch(name) for name in extras), sorted(extras)
+    found = _install_extras()
+    named = {extra for _, extra in found}
+    assert {"rsl-rl", "rl-games", "cpu", "gpu", "examples", "verl"} <= named, sorted(named)
+    wrong = [(path, extra) for path, extra in found if extra not in extras]
+    assert not wrong, f"install lines name extras pyproject.toml does not define: {wrong}"

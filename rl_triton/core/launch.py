@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import List, Optional
 
 import torch
 
@@ -169,9 +170,11 @@ def _decode(algo: spec.Algorithm, tensors, numbers):
     return algo.Args(*args)
 
 
+# The custom ops' list types are spelt with typing.List/Optional: torch before 2.7 infers the op
+# schema only from those (it rejects list[torch.Tensor | None]).
 @torch.library.custom_op("rl_triton::fused", mutates_args=())
-def fused(name: str, backend: str, compute: torch.dtype, tensors: list[torch.Tensor | None], numbers: list[float],
-          like: torch.Tensor, time_dim: int) -> list[torch.Tensor]:
+def fused(name: str, backend: str, compute: torch.dtype, tensors: List[Optional[torch.Tensor]], numbers: List[float],
+          like: torch.Tensor, time_dim: int) -> List[torch.Tensor]:
     """Run fused kernel ``name``; outputs are laid out like ``like`` (time at ``time_dim``)."""
     algo = spec.ALGORITHMS[name]
     rows = inputs.Rows(like, "like", time_dim, like.dtype)

@@ -4,9 +4,46 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import sys
 import threading
 
 _EXPLICIT = object()  # the holder key of patch()
+
+
+class FrameworkNotInstalled(ModuleNotFoundError):
+    """An integration needs a framework that is not installed; the message names the integration,
+    the framework and the pip line that installs it. A ``ModuleNotFoundError`` (so an
+    ``ImportError``), with ``name`` the framework's top-level module."""
+
+
+def requires_framework(module: str, framework: str, import_name: str, extra: str | None = None,
+                       requirement: str | None = None) -> None:
+    """Raise ``FrameworkNotInstalled`` where the top-level module ``import_name`` cannot be found
+    (not installed, or blocked by ``sys.modules[import_name] = None``); return None otherwise.
+
+    Runs before the integration imports anything of the framework, so the error comes from one
+    frame, not from inside the framework's import chain. Finding the module does not import it.
+
+    Args:
+        module: the integration's module name (``__name__``), which the message starts with.
+        framework: the framework's name as its users know it, e.g. ``"Stable-Baselines3"``.
+        import_name: the framework's top-level module, e.g. ``"stable_baselines3"``.
+        extra: the extra of rl-triton that installs the framework, which the message's
+            ``pip install -e`` line then names.
+        requirement: where no extra installs it, the pip requirement that does, e.g.
+            ``"openrlhf==0.11.0"``. Exactly one of ``extra`` and ``requirement`` is given.
+    """
+    if (extra is None) == (requirement is None):
+        raise TypeError("requires_framework takes exactly one of extra and requirement")
+    if sys.modules.get(import_name) is not None:
+        return  # imported already (find_spec would reject a module made without a spec)
+    if import_name not in sys.modules and importlib.util.find_spec(import_name) is not None:
+        return
+    how = (f"pip install -e '.[{extra}]' (from the rl_triton repository root)" if extra is not None
+           else f"pip install '{requirement}'")
+    named = framework if framework == import_name else f"{framework} (the module {import_name!r})"
+    raise FrameworkNotInstalled(f"{module} needs {named}, which is not installed: {how}", name=import_name)
 
 
 class PatchState:

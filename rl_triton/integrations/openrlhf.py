@@ -30,7 +30,7 @@ import inspect
 import torch
 
 from .. import discounted_return, gae, masked_whiten
-from ._patching import PatchState
+from ._patching import PatchState, requires_framework
 
 __all__ = ["get_advantages_and_returns", "get_cumulative_returns", "is_patched", "normalize_advantages", "patch",
            "patched", "unpatch"]
@@ -186,7 +186,9 @@ def normalize_advantages(advantages, action_masks, *, no_std=False, group=None):
 # -- the patch ---------------------------------------------------------------------------------
 def _experience_maker():
     """OpenRLHF's experience maker class, imported now; ImportError where OpenRLHF is missing or
-    its methods are not the ones this module replaces."""
+    its methods are not the ones this module replaces (``FrameworkNotInstalled``, an ImportError,
+    where it is not installed)."""
+    requires_framework(f"{__name__}.patch()", "OpenRLHF 0.11", "openrlhf", requirement="openrlhf==0.11.*")
     try:
         module = importlib.import_module(_MODULE)
     except ImportError as e:

@@ -44,7 +44,7 @@ import types
 import torch
 
 from .. import arrival_gae
-from ._patching import PatchState
+from ._patching import PatchState, requires_framework
 
 __all__ = ["DimError", "DtypeError", "InputError", "PUFFERLIB_VERSION", "compute_puff_advantage", "is_patched", "patch", "patched",
            "unpatch"]
@@ -159,10 +159,12 @@ _stand_in = None  # the empty pufferlib._C that patch() registered, where Puffer
 def _pufferl():
     """``pufferlib.pufferl``, imported now. Where PufferLib's compiled extension does not load
     (a CPU-only torch, no build), an empty ``pufferlib._C`` stands in for it, so that the module
-    imports: the drop-in needs no extension. ImportError where PufferLib is not installed."""
+    imports: the drop-in needs no extension. ``FrameworkNotInstalled`` where PufferLib is not
+    installed."""
     global _stand_in
     if _PUFFERL in sys.modules:
         return sys.modules[_PUFFERL]
+    requires_framework(__name__, "pufferlib", "pufferlib", requirement=f"pufferlib=={PUFFERLIB_VERSION}")
     try:
         importlib.import_module("pufferlib")
     except ImportError as e:

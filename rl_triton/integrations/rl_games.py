@@ -42,7 +42,7 @@ import threading
 import torch
 
 from .. import affine_scan, gae
-from ._patching import PatchState, error_of
+from ._patching import PatchState, error_of, requires_framework
 
 # the agent classes (AGENTS) are module attributes made on first access, not listed here
 __all__ = ["AGENTS", "FusedDiscount", "METHODS", "RL_GAMES_VERSION", "discount_values", "discount_values_masks",
@@ -60,7 +60,9 @@ _ORIGINALS: dict = {}  # method name -> A2CBase's function, as found when rl_gam
 
 
 def _base():
-    """rl_games' ``A2CBase``, imported on first use; its methods are recorded then."""
+    """rl_games' ``A2CBase``, imported on first use; its methods are recorded then.
+    ``FrameworkNotInstalled`` where rl_games is not installed."""
+    requires_framework(__name__, "rl_games", "rl_games", extra="rl-games")
     base = importlib.import_module(_A2C_COMMON).A2CBase
     with _lock:
         if not _ORIGINALS:

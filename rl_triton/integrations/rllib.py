@@ -48,19 +48,24 @@ from numbers import Real
 
 import numpy as np
 import torch
-from ray.rllib.algorithms.appo.torch import appo_torch_learner as _appo
-from ray.rllib.algorithms.impala.torch import impala_torch_learner as _impala
-from ray.rllib.algorithms.ppo import ppo_learner as _ppo_learner
-from ray.rllib.algorithms.ppo.torch import ppo_torch_learner as _ppo_torch
-from ray.rllib.connectors.learner import general_advantage_estimation as _gae_connector
-from ray.rllib.core.columns import Columns
-from ray.rllib.core.rl_module.apis.value_function_api import ValueFunctionAPI
-from ray.rllib.evaluation.postprocessing import Postprocessing
 
-from .. import gae as _rt_gae
-from .. import masked_whiten as _rt_masked_whiten
-from .. import vtrace as _rt_vtrace
-from ._patching import PatchState
+from ._patching import requires_framework
+
+requires_framework(__name__, "Ray RLlib", "ray", extra="rllib")
+
+from ray.rllib.algorithms.appo.torch import appo_torch_learner as _appo  # noqa: E402
+from ray.rllib.algorithms.impala.torch import impala_torch_learner as _impala  # noqa: E402
+from ray.rllib.algorithms.ppo import ppo_learner as _ppo_learner  # noqa: E402
+from ray.rllib.algorithms.ppo.torch import ppo_torch_learner as _ppo_torch  # noqa: E402
+from ray.rllib.connectors.learner import general_advantage_estimation as _gae_connector  # noqa: E402
+from ray.rllib.core.columns import Columns  # noqa: E402
+from ray.rllib.core.rl_module.apis.value_function_api import ValueFunctionAPI  # noqa: E402
+from ray.rllib.evaluation.postprocessing import Postprocessing  # noqa: E402
+
+from .. import gae as _rt_gae  # noqa: E402
+from .. import masked_whiten as _rt_masked_whiten  # noqa: E402
+from .. import vtrace as _rt_vtrace  # noqa: E402
+from ._patching import PatchState  # noqa: E402
 
 __all__ = [
     "APPOTorchLearner",

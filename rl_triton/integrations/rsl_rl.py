@@ -37,11 +37,16 @@ go to rsl_rl's own method as it was before ``patch()``, with its own behaviour a
 from __future__ import annotations
 
 import torch
-from rsl_rl.algorithms import ppo as _ppo
-from rsl_rl.storage import rollout_storage as _storage
 
-from .. import gae
-from ._patching import PatchState
+from ._patching import requires_framework
+
+requires_framework(__name__, "rsl_rl (rsl-rl-lib)", "rsl_rl", extra="rsl-rl")
+
+from rsl_rl.algorithms import ppo as _ppo  # noqa: E402
+from rsl_rl.storage import rollout_storage as _storage  # noqa: E402
+
+from .. import gae  # noqa: E402
+from ._patching import PatchState  # noqa: E402
 
 __all__ = ["PPO", "compute_returns", "is_patched", "patch", "patched", "storage_compute_returns", "unpatch"]
 

@@ -25,10 +25,15 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from stable_baselines3.common import buffers as _buffers
 
-from .. import gae
-from ._patching import PatchState
+from ._patching import requires_framework
+
+requires_framework(__name__, "Stable-Baselines3", "stable_baselines3", extra="sb3")
+
+from stable_baselines3.common import buffers as _buffers  # noqa: E402
+
+from .. import gae  # noqa: E402
+from ._patching import PatchState  # noqa: E402
 
 __all__ = ["FastDictRolloutBuffer", "FastRolloutBuffer", "is_patched", "patch", "patched", "unpatch"]
 

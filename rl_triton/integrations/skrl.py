@@ -45,7 +45,7 @@ import torch
 
 from .. import gae, masked_whiten
 from ..core.docstrings import documented
-from ._patching import PatchState, error_of
+from ._patching import PatchState, error_of, requires_framework
 
 # the agent classes (AGENTS) are module attributes made on first access, not listed here
 __all__ = ["AGENTS", "FEED_FORWARD", "FusedUpdate", "RECURRENT", "SKRL_VERSION", "compute_gae", "compute_gae_rnn",
@@ -73,7 +73,9 @@ _ORIGINALS: dict = {}  # module name -> skrl's compute_gae there, as found on fi
 
 
 def _load() -> dict:
-    """skrl's agent modules, imported on first use; their functions are recorded then."""
+    """skrl's agent modules, imported on first use; their functions are recorded then.
+    ``FrameworkNotInstalled`` where skrl is not installed."""
+    requires_framework(__name__, "skrl", "skrl", extra="skrl")
     with _lock:
         if not _MODULES:
             for name in FEED_FORWARD + RECURRENT:

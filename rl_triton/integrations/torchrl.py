@@ -45,15 +45,20 @@ import types
 import weakref
 
 import torch
-from torchrl.objectives import utils as _obj_utils
-from torchrl.objectives.value import advantages as _adv
-from torchrl.objectives.value import functional as _fn
 
-from .. import td_lambda_return as _rt_td_lambda_return
-from .. import gae as _rt_gae
-from .. import vtrace as _rt_vtrace
-from ..core.docstrings import documented
-from ._patching import PatchState, error_of
+from ._patching import requires_framework
+
+requires_framework(__name__, "TorchRL", "torchrl", extra="torchrl")
+
+from torchrl.objectives import utils as _obj_utils  # noqa: E402
+from torchrl.objectives.value import advantages as _adv  # noqa: E402
+from torchrl.objectives.value import functional as _fn  # noqa: E402
+
+from .. import td_lambda_return as _rt_td_lambda_return  # noqa: E402
+from .. import gae as _rt_gae  # noqa: E402
+from .. import vtrace as _rt_vtrace  # noqa: E402
+from ..core.docstrings import documented  # noqa: E402
+from ._patching import PatchState, error_of  # noqa: E402
 
 __all__ = [
     "GAE",

@@ -41,7 +41,7 @@ import torch
 
 from .. import gae, group_advantages, masked_whiten
 from ..core.docstrings import documented
-from ._patching import PatchState, error_of
+from ._patching import PatchState, error_of, requires_framework
 
 __all__ = [
     "ESTIMATORS",
@@ -339,7 +339,9 @@ _OURS = {name: globals()[name] for name in ESTIMATORS.values()}
 # ---------------------------------------------------------------------------------------------
 
 def _core_algos():
-    """``verl.trainer.ppo.core_algos``, imported now; an ImportError naming what is missing."""
+    """``verl.trainer.ppo.core_algos``, imported now; ``FrameworkNotInstalled`` where verl is not
+    installed, an ImportError naming what is missing where verl is but a module it imports is not."""
+    requires_framework(__name__, "verl", "verl", extra="verl")
     try:
         return importlib.import_module(_CORE_ALGOS)
     except ImportError as e:
