@@ -14,6 +14,7 @@ counts are the machine's unless --threads is given.
 
     python benchmarks/tianshou_cpu.py                       # 100k and 1M transitions
     python benchmarks/tianshou_cpu.py --steps 100000 --rounds 15 --threads 2
+    python benchmarks/tianshou_cpu.py --device cuda     # values on the GPU: the CUDA path
 """
 
 from __future__ import annotations
@@ -50,9 +51,18 @@ def make_batch(steps: int, n_envs: int, seed: int = 0):
     return buf, batch, indices, v_s_, v_s
 
 
-def run(sizes, rounds: int = 9, n_envs: int = 64) -> list[dict]:
+def _same(a, b, exact: bool) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(np.array_equal(a, b)) if exact else bool(np.allclose(a, b, rtol=1e-12, atol=1e-12))
+
+
+def run(sizes, rounds: int = 9, n_envs: int = 64, device: str = "cpu") -> list[dict]:
     """One row per size: the median ms per call of each implementation, the median speed-ups and
-    whether rl_triton agreed with Tianshou (a size that disagrees is not timed)."""
+    whether rl_triton agreed with Tianshou (a size that disagrees is not timed). With a CUDA
+    ``device`` the values are tensors there, as a caller holding them on the GPU passes them:
+    Tianshou copies them to the host, the drop-ins compute there (the agreement is then to 1e-12,
+    float64 kernels of two backends)."""
     from tianshou.algorithm import algorithm_base
 
     import rl_triton.integrations.tianshou as rt_ts
@@ -69,18 +79,23 @@ def run(sizes, rounds: int = 9, n_envs: int = 64) -> list[dict]:
         end = np.logical_or(batch.terminated, batch.truncated)
         end[np.isin(indices, buf.unfinished_index())] = True
         rew = batch.rew
-        agree = bool(np.array_equal(ts_gae(v_s, masked, rew, end, GAMMA, LAMBDA),
-                                    rt_ts.gae_advantages(v_s, masked, rew, end, GAMMA, LAMBDA)))
-        for a, b in zip(ts_cer(batch, buf, indices, v_s_, v_s, GAMMA, LAMBDA),
-                        rt_ts.compute_episodic_return(batch, buf, indices, v_s_, v_s, GAMMA, LAMBDA)):
-            agree = agree and a.dtype == b.dtype and bool(np.array_equal(a, b))
+        agree = _same(ts_gae(v_s, masked, rew, end, GAMMA, LAMBDA),
+                      rt_ts.gae_advantages(v_s, masked, rew, end, GAMMA, LAMBDA), True)
+        values = (v_s_, v_s)  # compute_episodic_return's, on the device asked for
+        if device != "cpu":
+            import torch
+
+            values = tuple(torch.from_numpy(x).to(device) for x in values)
+        for a, b in zip(ts_cer(batch, buf, indices, *values, GAMMA, LAMBDA),
+                        rt_ts.compute_episodic_return(batch, buf, indices, *values, GAMMA, LAMBDA)):
+            agree = agree and _same(a, b, device == "cpu")
         row = {"steps": len(indices), "agree": agree}
         if agree:
             times = alternate({
                 "ts gae": lambda: ts_gae(v_s, masked, rew, end, GAMMA, LAMBDA),
                 "rt gae": lambda: rt_ts.gae_advantages(v_s, masked, rew, end, GAMMA, LAMBDA),
-                "ts cer": lambda: ts_cer(batch, buf, indices, v_s_, v_s, GAMMA, LAMBDA),
-                "rt cer": lambda: rt_ts.compute_episodic_return(batch, buf, indices, v_s_, v_s, GAMMA, LAMBDA),
+                "ts cer": lambda: ts_cer(batch, buf, indices, *values, GAMMA, LAMBDA),
+                "rt cer": lambda: rt_ts.compute_episodic_return(batch, buf, indices, *values, GAMMA, LAMBDA),
             }, rounds=rounds)
             row.update(times=times, tianshou_ms=1e3 * float(np.median(times["ts cer"])),
                        rl_triton_ms=1e3 * float(np.median(times["rt cer"])))
@@ -94,6 +109,7 @@ def main() -> int:
     p.add_argument("--envs", type=int, default=64, help="environments of the VectorReplayBuffer")
     p.add_argument("--rounds", type=int, default=9, help="rounds of alternating timed batches")
     p.add_argument("--threads", type=int, default=None, help="numba's and torch's threads (default: theirs)")
+    p.add_argument("--device", default="cpu", help="where the values are (cuda: compute_episodic_return's CUDA path)")
     a = p.parse_args()
     import torch
 
@@ -110,7 +126,7 @@ def main() -> int:
           "| rl_triton compute_episodic_return | speed-up |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     failed = False
-    for row in run([int(s) for s in a.steps.split(",")], a.rounds, a.envs):
+    for row in run([int(s) for s in a.steps.split(",")], a.rounds, a.envs, a.device):
         if not row["agree"]:
             print(f"disagreement at {row['steps']} transitions: rl_triton's result is not Tianshou's")
             failed = True

@@ -56,7 +56,7 @@ quiet_sample_factory()
 warnings.filterwarnings("ignore", message=".*to get variables from other wrappers is deprecated")
 
 ENV = "CartPole-v1"
-INSTALL = 'pip install -e ".[cpu,sample-factory]" matplotlib tqdm'
+INSTALL = "pip install -e '.[cpu,sample-factory]' matplotlib tqdm"
 
 
 def parse_args():

@@ -28,6 +28,7 @@ PIP_NAMES = {
     "ale_py": "ale-py",
     "cv2": "opencv-python-headless",
     "rsl_rl": "rsl-rl-lib",
+    "sample_factory": "sample-factory",
     "sb3_contrib": "sb3-contrib",
     "stable_baselines3": "stable-baselines3",
 }

@@ -195,6 +195,8 @@ def test_benchmark_logic_at_a_tiny_size(monkeypatch):
                                              "benchmarks"))
     import tianshou_cpu as bench
 
-    rows = bench.run(sizes=[2000], rounds=2, n_envs=4)
-    assert [r["steps"] for r in rows] == [2000] and all(r["agree"] for r in rows)
-    assert all(r["tianshou_ms"] > 0 and r["rl_triton_ms"] > 0 for r in rows)
+    # "cpu:0" takes the route of --device cuda (the values as tensors on that device) on the CPU
+    for device in ("cpu", "cpu:0"):
+        rows = bench.run(sizes=[2000], rounds=2, n_envs=4, device=device)
+        assert [r["steps"] for r in rows] == [2000] and all(r["agree"] for r in rows)
+        assert all(r["tianshou_ms"] > 0 and r["rl_triton_ms"] > 0 for r in rows)

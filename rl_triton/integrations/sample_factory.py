@@ -192,7 +192,7 @@ def vtrace_targets(ratio: torch.Tensor, values: torch.Tensor, rewards: torch.Ten
     for name, x in (("values", values), ("rewards", rewards), ("dones", dones)):
         if x.shape[0] != n:
             raise ValueError(f"{name} must have ratio's length {n}, got {x.shape[0]}")
-    gamma = _number(gamma, "gamma")
+    gamma, rho, c = _number(gamma, "gamma"), _number(rho, "rho"), _number(c, "c")
     if gamma <= 0:
         raise ValueError(f"gamma must be > 0 (the bootstrap divides by it), got {gamma}")
     device, dtype = ratio.device, ratio.dtype
@@ -203,7 +203,7 @@ def vtrace_targets(ratio: torch.Tensor, values: torch.Tensor, rewards: torch.Ten
     # Sample Factory's bootstrap of the last step: V(s_T) from the last value and reward
     bootstrap = (v[:, -1] - r[:, -1]) / gamma
     vs, adv = vtrace(r, v, torch.log(ratio).reshape(rows), torch.zeros_like(v), bootstrap_value=bootstrap, done=d,
-                     gamma=gamma, rho_bar=_number(rho, "rho"), c_bar=_number(c, "c"), rho_bar_pg=float(rho))
+                     gamma=gamma, rho_bar=rho, c_bar=c, rho_bar_pg=rho)
     return vs.reshape(-1), adv.reshape(-1)
 
 

@@ -171,14 +171,14 @@ def _coefficient(x, name: str) -> float:
 def _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda, n_out=2):
     """``(advantages, advantages + v_s)`` as float64 tensors on the values' device (the
     advantages alone where ``n_out`` is 1)."""
+    gamma, gae_lambda = _coefficient(gamma, "gamma"), _coefficient(gae_lambda, "gae_lambda")
     device = v_s_.device if isinstance(v_s_, torch.Tensor) else (
         v_s.device if isinstance(v_s, torch.Tensor) else None)
     v_s_t = _as_tensor(v_s_, "v_s_", device)
-    v_s_t, v_st = v_s_t, _as_tensor(v_s, "v_s", v_s_t.device)
+    v_st = _as_tensor(v_s, "v_s", v_s_t.device)
     rew_t = _as_tensor(rew, "rew", v_s_t.device)
     end = _as_tensor(end_flag, "end_flag", v_s_t.device, dtype=None)
     _check_lengths(v_s=v_st, v_s_=v_s_t, rew=rew_t, end_flag=end)
-    gamma, gae_lambda = _coefficient(gamma, "gamma"), _coefficient(gae_lambda, "gae_lambda")
     return _run(_gae_call, dict(rewards=rew_t, values=v_st, next_values=v_s_t, truncated=end), end, n_out,
                 gamma=gamma, lmbda=gae_lambda)
 
@@ -198,11 +198,11 @@ def gae_advantages(v_s: Array, v_s_: Array, rew: Array, end_flag: Array, gamma: 
         gamma: the discount, in [0, 1].
         gae_lambda: the GAE parameter, in [0, 1].
 
-    Returns a float64 numpy array where ``v_s_`` is one, else a float64 tensor on ``v_s_``'s
-    device (CUDA values are computed there).
+    Returns a float64 numpy array where the values are numpy arrays, else a float64 tensor on
+    the device of the values (``v_s_``'s, else ``v_s``'s: CUDA values are computed there).
     """
     (adv,) = _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda, n_out=1)
-    return adv if isinstance(v_s_, torch.Tensor) else adv.numpy()
+    return adv if isinstance(v_s_, torch.Tensor) or isinstance(v_s, torch.Tensor) else adv.numpy()
 
 
 def _value_mask(buffer, indices):
@@ -264,11 +264,9 @@ def compute_episodic_return(batch: Any, buffer: Any, indices: np.ndarray, v_s_: 
         (returns,) = _run(_return_call, dict(rewards=rew_t, done=end), end, 1, gamma=gamma)
         returns = returns.numpy()
         return returns, returns.copy()
-    device = None
     if v_s_ is None:
         v_s_ = np.zeros_like(rew, dtype=np.float64)
     else:
-        device = v_s_.device if isinstance(v_s_, torch.Tensor) else None
         mask = _value_mask(buffer, indices)
         if isinstance(v_s_, torch.Tensor):
             v_s_ = v_s_.detach().flatten() * torch.from_numpy(np.asarray(mask)).to(v_s_.device)
@@ -277,9 +275,8 @@ def compute_episodic_return(batch: Any, buffer: Any, indices: np.ndarray, v_s_: 
     if v_s is None:
         v_s = torch.roll(v_s_, 1) if isinstance(v_s_, torch.Tensor) else np.roll(v_s_, 1)
     advantages, returns = _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda)
-    if device is not None and device.type != "cpu":
-        advantages, returns = advantages.cpu(), returns.cpu()
-    return returns.numpy(), advantages.numpy()
+    # Tianshou's contract: numpy arrays (values on a device are computed there, then copied back)
+    return returns.cpu().numpy(), advantages.cpu().numpy()
 
 
 # -- patching ------------------------------------------------------------------------------
