@@ -821,3 +821,14 @@ def held_in_thread(context):
     finally:
         release.set()
         thread.join()
+
+
+def leave_rank_process() -> None:
+    """The end of a rank process of ``torch.multiprocessing.spawn`` whose work succeeded: exit 0
+    without the interpreter's shutdown, in which the Triton interpreter's threads
+    (TRITON_INTERPRET=1) now and then abort the process ("terminate called without an active
+    exception", SIGABRT). Call it after ``destroy_process_group``, outside ``finally``, so that an
+    exception still reaches torch.multiprocessing as the rank's error."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

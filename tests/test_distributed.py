@@ -18,6 +18,8 @@ from rl_triton.core import launch
 from rl_triton.testing import catalog, oracle
 from rl_triton.testing.frameworks import verl_compute_gae_advantage_return
 
+from helpers import leave_rank_process
+
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
 
@@ -56,6 +58,7 @@ def _rank(rank, world, port, worker, *args):
         worker(rank, world, dist.group.WORLD, *args)
     finally:
         dist.destroy_process_group()
+    leave_rank_process()
 
 
 def _bounds(world, steps=None):

@@ -17,6 +17,8 @@ from rl_triton.core import kernels
 from rl_triton.integrations.openrlhf import get_advantages_and_returns, get_cumulative_returns, normalize_advantages
 from rl_triton.testing import frameworks
 
+from helpers import leave_rank_process
+
 F64, F32 = torch.float64, torch.float32
 BACKENDS = ["cpu", "torch"] + (["triton"] if kernels.AVAILABLE and kernels.INTERPRET else [])
 MODULE = "openrlhf.trainer.ppo_utils.experience_maker"
@@ -276,6 +278,7 @@ def _normalize_worker(rank, world, port):
                 torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
     finally:
         dist.destroy_process_group()
+    leave_rank_process()
 
 
 @pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import TRITON_INTERPRET_AT_STARTUP, require_backend
+from helpers import leave_rank_process
 from rl_triton.core.whiten import EPS_MODES, masked_moments, masked_whiten
 from rl_triton.testing import oracle
 
@@ -493,6 +494,7 @@ def _dist_worker(rank, world, port):
             raise AssertionError("group= with requires_grad did not raise")
     finally:
         dist.destroy_process_group()
+    leave_rank_process()
 
 
 @pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
