@@ -65,6 +65,27 @@ def spread(values: Sequence[float], fmt: str = "{:.1f}", unit: str = "") -> str:
     return f"{fmt.format(med)}{unit} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
+def pair_cells(times: Dict[str, List[float]], slow: str, fast: str) -> str:
+    """Three table cells from :func:`alternate`'s seconds: ``times[slow]`` and ``times[fast]`` in ms
+    and the per-round speed-up of ``fast``, each as :func:`spread` writes it."""
+    ms = [spread([1e3 * t for t in times[k]], "{:.3f}") for k in (slow, fast)]
+    return f"{ms[0]} | {ms[1]} | {spread(ratios(times[slow], times[fast]), unit='x')}"
+
+
+def set_threads(threads) -> None:
+    """torch's and numba's (where installed) CPU threads; nothing where ``threads`` is None or 0."""
+    if not threads:
+        return
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        import numba
+    except ImportError:
+        return
+    numba.set_num_threads(threads)
+
+
 def machine() -> str:
     """The CPU model, core count and torch's thread count, for table headers."""
     import torch

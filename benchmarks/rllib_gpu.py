@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import rl_triton as rt  # noqa: E402
-from common import alternate, machine, parser, ratios, spread  # noqa: E402
+from common import alternate, machine, pair_cells, parser, ratios, spread  # noqa: E402
 
 GAMMA, LAMBDA = 0.99, 0.95
 # RLlib's advantage standardisation as masked_whiten options (rl_triton.integrations.rllib)
@@ -175,9 +175,7 @@ def main() -> int:
             continue
         times = alternate({"rllib": synced(lambda: rllib_gae_step(*batch), device),
                            "ours": synced(lambda: rl_triton_gae_step(*batch), device)}, rounds=a.rounds)
-        ms = {n_: spread([1e3 * t for t in v], "{:.3f}") for n_, v in times.items()}
-        print(f"| {n} | {ms['rllib']} | {ms['ours']} | {spread(ratios(times['rllib'], times['ours']), unit='x')} "
-              f"| {err:.0e} |", flush=True)
+        print(f"| {n} | {pair_cells(times, 'rllib', 'ours')} | {err:.0e} |", flush=True)
     return 1 if failed else 0
 
 

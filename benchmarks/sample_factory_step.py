@@ -30,7 +30,7 @@ import types
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common import alternate, machine, parser, ratios, spread  # noqa: E402
+from common import alternate, machine, pair_cells, parser, set_threads  # noqa: E402
 
 GAMMA, LAMBDA, RHO, C = 0.99, 0.95, 1.0, 1.0
 
@@ -155,11 +155,7 @@ def main() -> int:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--threads", type=int, default=None, help="numba's and torch's threads (default: theirs)")
     a = p.parse_args()
-    if a.threads is not None:
-        import numba
-
-        numba.set_num_threads(a.threads)
-        torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     print(f"{machine()}; device {a.device}; recurrence {a.recurrence}; ms per call, median (lowest-highest) "
           f"of {a.rounds} rounds")
     print("| trajectories | SF gae_advantages | rl_triton | speed-up | SF V-trace step (host round trip) "
@@ -172,10 +168,8 @@ def main() -> int:
             failed = True
             continue
         t = row["times"]
-        ms = {k: spread([1e3 * x for x in v], "{:.3f}") for k, v in t.items()}
-        print(f"| {row['trajectories']} | {ms['sf gae']} | {ms['rt gae']} | "
-              f"{spread(ratios(t['sf gae'], t['rt gae']), unit='x')} | {ms['sf vtrace']} | {ms['rt vtrace']} | "
-              f"{spread(ratios(t['sf vtrace'], t['rt vtrace']), unit='x')} |", flush=True)
+        print(f"| {row['trajectories']} | {pair_cells(t, 'sf gae', 'rt gae')} | "
+              f"{pair_cells(t, 'sf vtrace', 'rt vtrace')} |", flush=True)
     return 1 if failed else 0
 
 

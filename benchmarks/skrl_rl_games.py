@@ -38,7 +38,7 @@ import rl_triton.integrations.skrl as rt_skrl  # noqa: E402
 from rl_triton.testing import sim_frameworks  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import alternate, machine, parser, ratios, spread  # noqa: E402
+from common import alternate, machine, parser, ratios, set_threads, spread  # noqa: E402
 
 GAMMA, LAM = 0.99, 0.95
 
@@ -87,13 +87,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0,
                    help="torch's and numba's CPU threads (0: their defaults); 1 on a machine whose cores are busy")
     a = p.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
-        try:
-            import numba
-            numba.set_num_threads(a.threads)
-        except ImportError:
-            pass
+    set_threads(a.threads)
     skrl_gae, discount, source = frameworks()
     device = torch.device(a.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

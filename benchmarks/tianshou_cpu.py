@@ -25,7 +25,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common import alternate, machine, parser, ratios, spread  # noqa: E402
+from common import alternate, machine, pair_cells, parser, set_threads  # noqa: E402
 
 GAMMA, LAMBDA = 0.99, 0.95
 
@@ -113,11 +113,7 @@ def main() -> int:
     a = p.parse_args()
     import torch
 
-    if a.threads is not None:
-        import numba
-
-        numba.set_num_threads(a.threads)
-        torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     import numba
 
     print(f"{machine()}; numba threads {numba.get_num_threads()}; torch {torch.__version__}; "
@@ -132,9 +128,8 @@ def main() -> int:
             failed = True
             continue
         t = row["times"]
-        ms = {k: spread([1e3 * x for x in v], "{:.3f}") for k, v in t.items()}
-        print(f"| {row['steps']} | {ms['ts gae']} | {ms['rt gae']} | {spread(ratios(t['ts gae'], t['rt gae']), unit='x')} "
-              f"| {ms['ts cer']} | {ms['rt cer']} | {spread(ratios(t['ts cer'], t['rt cer']), unit='x')} |", flush=True)
+        print(f"| {row['steps']} | {pair_cells(t, 'ts gae', 'rt gae')} | {pair_cells(t, 'ts cer', 'rt cer')} |",
+              flush=True)
     return 1 if failed else 0
 
 
