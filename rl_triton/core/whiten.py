@@ -46,13 +46,11 @@ def masked_moments(x, mask=None, *, group=None):
         mean      = sum(x[valid]) / n
         m2        = sum((x[valid] - mean)**2)
 
-    ``x``: a floating-point tensor of any shape; ``mask``: bool, integer or float of ``x``'s
-    shape and device, nonzero marks a valid element (None: all). Three 0-d tensors on ``x``'s
-    device: ``count`` int64, ``mean`` and ``m2`` float64 whatever ``x``'s dtype (float32 on
-    MPS, which has no float64): the sums run in float64, so float32 data of order 1e20, whose
-    squared deviations overflow float32, keep a finite ``m2``. ``n = 0`` gives ``mean = NaN``
-    (0/0) and ``m2 = 0``; nothing raises. Values at positions outside the mask are never read
-    into the sums, NaN included.
+    Three 0-d tensors on ``x``'s device: ``count`` int64, ``mean`` and ``m2`` float64 whatever
+    ``x``'s dtype (float32 on MPS, which has no float64): the sums run in float64, so float32
+    data of order 1e20, whose squared deviations overflow float32, keep a finite ``m2``.
+    ``n = 0`` gives ``mean = NaN`` (0/0) and ``m2 = 0``; nothing raises. Values at positions
+    outside the mask are never read into the sums, NaN included.
     ``group`` is a ``torch.distributed`` ProcessGroup (e.g. ``dist.group.WORLD``) or None for
     this process alone; each rank passes its own shard, and all ranks get the same statistics
     from one collective (an all-gather of each rank's ``(n, mean, m2)``, combined by Chan et
@@ -136,11 +134,6 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
     gradients) the statistics are one kernel (each row's ``(n, mean, M2)``, folded by Chan et
     al.'s formula) and the normalisation another, and without a mask (``x`` and ``out`` dense in
     one memory order, no group) statistics and output are one kernel; elsewhere torch ops.
-
-    ``x``: floating-point tensor, any shape. ``mask``: see above (None: every element).
-    ``unbiased``, ``shift_mean``, ``scale``: bools, see the formulas. ``eps``: number >= 0.
-    ``eps_mode``: "add", "clamp" or "std". ``group``: a ``torch.distributed`` ProcessGroup
-    (statistics over every rank's valid elements) or None. ``out``, ``backend``: above.
     """
     x, mask, group = _check_x_mask_group(x, mask, group)
     eps = check_whiten_options(unbiased, shift_mean, scale, eps, eps_mode)
