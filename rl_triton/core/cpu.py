@@ -166,6 +166,20 @@ def _bind(numba):
         raise RuntimeError(f"cpu._bind: declare {local} global")
 
 
+KERNELS: dict = {}  # algorithm name: its loop
+
+
+def loop(algo: spec.Algorithm):
+    """Register the function below as ``algo``'s loop: its parameters are the spec's arguments,
+    then its outputs, then ``edge``."""
+    def register(fn):
+        KERNELS[algo.name] = fn
+        return fn
+
+    return register
+
+
+@loop(spec.GAE)
 def gae(rewards, values, carry, next_values, bootstrap_value, terminated, done, truncated, last_done, gamma, lmbda,
         nv_mode, done_mode, advantages, value_targets, edge):
     R, T = rewards.shape
@@ -321,6 +335,7 @@ def gae_time_major(rewards, values, bootstrap_value, done, last_done, carry, gam
                 _edge(edge, lo + np.uint64(j), acc[j], gain[j])
 
 
+@loop(spec.MASKED_GAE)
 def masked_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, advantages, value_targets, edge):
     """GAE over the unmasked steps: the next value and the advantage carry across masked steps;
     value targets are advantages + values at every step. The edge map is the two-state one
@@ -376,6 +391,7 @@ def masked_gae_pairs(rewards, values, mask, bootstrap_value, carry, gamma, lmbda
             value_targets[k, t] = acc_k + v_k
 
 
+@loop(spec.PADDED_GAE)
 def padded_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, advantages, value_targets, edge):
     """GAE with rewards and values read as 0 where the mask is 0; value targets are advantages +
     the zeroed values."""
@@ -479,6 +495,7 @@ def masked_moments(x, mask, moments):
         moments[i, 2] = m2
 
 
+@loop(spec.TD_LAMBDA_RETURN)
 def td_lambda_return(rewards, next_values, carry, terminated, done, truncated, last_done, gamma, lmbda, done_mode,
                      returns, edge):
     R, T = rewards.shape
@@ -496,6 +513,7 @@ def td_lambda_return(rewards, next_values, carry, terminated, done, truncated, l
         _edge(edge, i, acc, gain)
 
 
+@loop(spec.DISCOUNTED_RETURN)
 def discounted_return(rewards, next_values, carry, terminated, done, truncated, last_done, gamma, done_mode,
                       returns, edge):
     R, T = rewards.shape
@@ -512,6 +530,7 @@ def discounted_return(rewards, next_values, carry, terminated, done, truncated, 
         _edge(edge, i, acc, gain)
 
 
+@loop(spec.VTRACE)
 def vtrace(rewards, values, carry, next_values, bootstrap_value, log_pi, log_mu, terminated, done, truncated,
            last_done, gamma, lmbda, rho_bar, c_bar, rho_bar_pg, nv_mode, done_mode, vs, pg_advantages, edge):
     R, T = rewards.shape
@@ -541,6 +560,7 @@ def vtrace(rewards, values, carry, next_values, bootstrap_value, log_pi, log_mu,
         _edge(edge, i, acc, gain)
 
 
+@loop(spec.ARRIVAL_GAE)
 def arrival_gae(rewards, values, done, ratio, gamma, lmbda, carry, rho_bar, c_bar, write_last, advantages, edge):
     R, T = rewards.shape
     for i in prange(R):
@@ -558,6 +578,7 @@ def arrival_gae(rewards, values, done, ratio, gamma, lmbda, carry, rho_bar, c_ba
         _edge(edge, i, acc, gain)
 
 
+@loop(spec.RETRACE)
 def retrace(rewards, q_values, carry, log_pi, log_mu, next_expected_q, next_pi, next_q, terminated, done, truncated,
             last_done, gamma, lmbda, c_bar, ev_mode, done_mode, q_targets, edge):
     """The edge map is that of Q_ret[0] (the handed value c[0]*(Q_ret[0] - q[0]) is formed from it
@@ -587,6 +608,7 @@ def retrace(rewards, q_values, carry, log_pi, log_mu, next_expected_q, next_pi, 
         _edge(edge, i, acc, gain)
 
 
+@loop(spec.ELIGIBILITY_TRACE)
 def eligibility_trace(x, done, carry, gamma, lmbda, traces, edge):
     """e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1], e[-1] = carry. The edge map is that of
     e[T-1] (the handed value (1 - done[T-1])*e[T-1] is formed by rl_triton/core/sharded.py)."""
@@ -608,6 +630,7 @@ def eligibility_trace(x, done, carry, gamma, lmbda, traces, edge):
         _edge(edge, i, acc, gain)
 
 
+@loop(spec.AFFINE_SCAN)
 def affine_scan(alpha, beta, carry, reverse, y, edge):
     R, T = alpha.shape
     for i in prange(R):
@@ -624,7 +647,6 @@ def affine_scan(alpha, beta, carry, reverse, y, edge):
 
 # each algorithm's kernel is the function of its name; GAE's variants for time-major memory and
 # for SB3's and CleanRL's call are chosen in run()
-KERNELS = {name: globals()[name] for name in spec.ALGORITHMS}
 _EPISODE_STARTS_KINDS = ("f2", "f2", "u2", "f1", "u1", "s", "s")
 _TIME_MAJOR_KINDS = ("F2", "F2", "f1", "Fu2", "u1", "f1", "s", "s", "i")
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import torch
 
 from . import coefficients as C
-from . import inputs, launch, packed, plans, scan, sharded, spec
+from . import inputs, launch, plans, routes, scan, sharded, spec
 from .call import TRUNCATION_HELP, Call
 from .docstrings import FLAG, FORWARD_DONE, GAMMA_X, OUT_PAIR, documented
 from .whiten import WHITEN_OPTIONS, check_whiten_options, masked_whiten
 
 
-@plans.cached
+@routes.public(sharded.GAE, outputs=2)
 @documented(
     mask=("a token mask (LLM responses; semantics section 13): nonzero marks a step that counts. Any flag dtype, "
           "broadcastable to the rewards' shape; with value checks on it must hold only 0 and 1. Not together with "
@@ -50,12 +50,6 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
 
     Returns ``(advantages, value_targets = advantages + values)`` (pad: the zeroed values).
     """
-    if group is not None:
-        return sharded.run(gae, locals())
-    if cu_seqlens is not None or max_seqlen is not None:
-        if whiten is not False and mask is None:
-            raise ValueError("whiten with cu_seqlens needs a mask: the padded call would count the padding")
-        return packed.run(gae, locals(), reverse=True, n_out=2)
     if whiten is not False and mask is None and mask_mode == "skip":
         # over every element: the call without whitening (its plan), then the whitening in place
         options = _whiten_options(whiten)
@@ -179,7 +173,7 @@ def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l
     return c.results([adv, adv + v])
 
 
-@plans.cached
+@routes.public(sharded.TD_LAMBDA_RETURN)
 @documented(
     next_values=("``V(s_{t+1})`` of each step's true successor (at a truncation the final observation's value, "
                  "not the next episode's first): the rewards' dtype, broadcastable to their shape. "
@@ -193,10 +187,6 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     G[t] = r[t] + gamma*(1-terminated[t])*((1-lmbda)*V(s_{t+1}) + lmbda*G'[t+1]),
     G'[t+1] = V(s_{t+1}) where done[t] or t = T-1, else G[t+1].  lmbda=1: TD(1), lmbda=0: TD(0).
     """
-    if group is not None:
-        return sharded.run(td_lambda_return, locals())
-    if cu_seqlens is not None or max_seqlen is not None:
-        return packed.run(td_lambda_return, locals(), reverse=True)
     c = Call(rewards, "rewards", time_dim)
     c.value(next_values, "next_values")
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
@@ -214,7 +204,7 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     return c.results([scan.call_scan(c, alpha, beta, nv[:, -1], True)])
 
 
-@plans.cached
+@routes.public(sharded.DISCOUNTED_RETURN)
 @documented(
     next_values=("``V(s_{t+1})``, what the return restarts from at a done that is not a termination (the final "
                  "observation's value at a truncation) and, as ``next_values[T-1]``, at the window end: the "
@@ -233,10 +223,6 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     R[t] = r[t] + gamma*(1-terminated[t])*(R[t+1] if not done[t] else V(s_{t+1})),
     R[T] = bootstrap_value if given, else next_values[T-1] if given, else 0 (Monte Carlo).
     """
-    if group is not None:
-        return sharded.run(discounted_return, locals())
-    if cu_seqlens is not None or max_seqlen is not None:
-        return packed.run(discounted_return, locals(), reverse=True)
     c = Call(rewards, "rewards", time_dim)
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     if next_values is not None and bootstrap_value is not None:
@@ -262,7 +248,7 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     return c.results([scan.call_scan(c, alpha, beta, carry, True)])
 
 
-@plans.cached
+@routes.public(sharded.VTRACE, outputs=2)
 @documented(
     rho_bar=("the clip of the importance ratio in the TD errors, ``rho = min(rho_bar, ratio)``: a Python "
              "number > 0; ``float(\"inf\")`` means no clipping."),
@@ -281,10 +267,6 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     pg[t] = min(rho_bar_pg, ratio[t])*(r[t] + gamma*(1-term[t])*vs_next[t] - v[t]),
     vs_next[t] = vs[t+1], or V(s_{t+1}) where done[t] or t = T-1.  Returns ``(vs, pg_advantages)``.
     """
-    if group is not None:
-        return sharded.run(vtrace, locals())
-    if cu_seqlens is not None or max_seqlen is not None:
-        return packed.run(vtrace, locals(), reverse=True, n_out=2)
     c = Call(rewards, "rewards", time_dim)
     c.value(values, "values")
     c.value(log_pi, "log_pi")
@@ -320,7 +302,7 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     return c.results([vs, pg])
 
 
-@plans.cached
+@routes.public(sharded.RETRACE)
 @documented(
     q_values="``Q(s_t, a_t)``: the rewards' dtype, broadcastable to their shape.",
     next_expected_q=("``ev[t] = E_{a~pi} Q(s_{t+1}, a)``: the rewards' dtype, broadcastable to their shape. "
@@ -342,10 +324,6 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
     ev[t] = E_{a~pi} Q(s_{t+1}, a): ``next_expected_q``, or sum_a next_pi[..., a]*next_q[..., a];
     Q_ret[t] = r[t] + gamma*(1-term[t])*(ev[t] + (1-done[t])*c[t+1]*(Q_ret[t+1] - q[t+1])).
     """
-    if group is not None:
-        return sharded.run(retrace, locals())
-    if cu_seqlens is not None or max_seqlen is not None:
-        return packed.run(retrace, locals(), reverse=True)
     c = Call(rewards, "rewards", time_dim)
     c.value(q_values, "q_values")
     c.value(log_pi, "log_pi")
@@ -408,7 +386,7 @@ def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
     return c.results([scan.call_scan(c, c.f(x), beta, c.f_row(initial), False)])
 
 
-@plans.cached
+@routes.public(sharded.ELIGIBILITY_TRACE)
 @documented(done=FORWARD_DONE, gamma=GAMMA_X)
 def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time_dim=-1, backend=None, out=None,
                       cu_seqlens=None, max_seqlen=None, group=None):
@@ -417,26 +395,18 @@ def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time
     e[t] = x[t] + gamma*lmbda*(1-done[t-1])*e[t-1], e[-1] = initial (default 0).
     ``x`` may have trailing feature dims after the time dim; ``done`` broadcasts over them.
     """
-    if group is not None:
-        return sharded.run(eligibility_trace, locals())
-    if cu_seqlens is not None or max_seqlen is not None:
-        return packed.run(eligibility_trace, locals(), reverse=False)
     return _eligibility_trace(x, done, [("gamma", gamma), ("lmbda", lmbda)], initial, time_dim, backend, out)
 
 
-@plans.cached
+@routes.public(sharded.EPISODIC_CUMSUM)
 @documented(done=FORWARD_DONE)
 def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None, out=None, cu_seqlens=None,
                     max_seqlen=None, group=None):
     """Running sum within episodes, forward in time: c[t] = x[t] + (1-done[t-1])*c[t-1], c[-1] = initial."""
-    if group is not None:
-        return sharded.run(episodic_cumsum, locals())
-    if cu_seqlens is not None or max_seqlen is not None:
-        return packed.run(episodic_cumsum, locals(), reverse=False)
     return _eligibility_trace(x, done, [("gamma", 1.0), ("lmbda", 1.0)], initial, time_dim, backend, out)
 
 
-@plans.cached
+@routes.public(None)
 @documented(
     rewards=("``rewards[t]``, the reward that arrived with observation t: the step from observation t has "
              "``rewards[t+1]``, and ``rewards[0]`` belongs to no step of the row. A float16, bfloat16, float32 or "

@@ -13,7 +13,7 @@ from numbers import Real
 
 import torch
 
-from . import inputs, launch, packed, plans, sharded, spec
+from . import inputs, launch, routes, sharded, spec
 from .call import Call
 from .docstrings import documented
 
@@ -62,7 +62,7 @@ def call_scan(c: Call, alpha, beta, carry, reverse: bool):
     return y
 
 
-@plans.cached
+@routes.public(sharded.AFFINE_SCAN)
 @documented(
     alpha=("``alpha[t]``: a float16, bfloat16, float32 or float64 tensor with time at ``time_dim``. ``alpha`` and "
            "``beta`` broadcast to one shape, which the output has, with ``alpha``'s dtype and device."),
@@ -80,12 +80,6 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
 
     Differentiable in every tensor argument. Returns ``y``.
     """
-    if group is not None:
-        return sharded.run(affine_scan, locals())
-    if cu_seqlens is not None or max_seqlen is not None:
-        if not isinstance(reverse, bool):
-            raise TypeError(f"reverse must be a bool, got {type(reverse).__name__}")
-        return packed.run(affine_scan, locals(), reverse=reverse)
     inputs.check_tensor(alpha, "alpha")
     number = isinstance(beta, Real) and not isinstance(beta, bool)
     if number:  # applied in the compute dtype, as the estimators apply a number gamma

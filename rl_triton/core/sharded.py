@@ -109,20 +109,19 @@ def _trace_hands(kw, first, last, a, b):
     return torch.where(cut, 0.0, a), torch.where(cut, 0.0, b)
 
 
-RULES = {
-    "gae": Rule(True, _gae_boundary),
-    "vtrace": Rule(True, _vtrace_boundary, own=_vtrace_own),
-    "td_lambda_return": Rule(True, _starts_boundary),
-    "discounted_return": Rule(True, _starts_boundary),
-    "retrace": Rule(True, _starts_boundary, _retrace_hands),
-    "eligibility_trace": Rule(False, None, _trace_hands, aligned=("done",)),
-    "episodic_cumsum": Rule(False, None, _trace_hands, aligned=("done",)),
-    "affine_scan": Rule(None),
-}
+# each public function's rule, named in its declaration (rl_triton/core/routes.py)
+GAE = Rule(True, _gae_boundary)
+VTRACE = Rule(True, _vtrace_boundary, own=_vtrace_own)
+TD_LAMBDA_RETURN = Rule(True, _starts_boundary)
+DISCOUNTED_RETURN = Rule(True, _starts_boundary)
+RETRACE = Rule(True, _starts_boundary, _retrace_hands)
+ELIGIBILITY_TRACE = Rule(False, None, _trace_hands, aligned=("done",))
+EPISODIC_CUMSUM = Rule(False, None, _trace_hands, aligned=("done",))
+AFFINE_SCAN = Rule(None)
 
 
-def run(fn, kw: dict):
-    """``fn`` (a public function, ``fn.__name__`` in RULES) on this rank's chunk: ``kw`` its
+def run(fn, kw: dict, rule: Rule):
+    """``fn`` (a public function, sharded by ``rule``) on this rank's chunk: ``kw`` its
     arguments by name, with ``group``."""
     kw = dict(kw)
     group = kw.pop("group")
@@ -134,7 +133,6 @@ def run(fn, kw: dict):
         result = plan.execute(kw, group)
         if result is not None:
             return _whitened(result, kw, kw.get("whiten", False), group)
-    rule = RULES[fn.__name__]
     check_group(group, *kw.values(), what="the carries of other ranks", name="the inputs")
     whiten = kw.get("whiten", False)
     if packed:
@@ -154,7 +152,7 @@ def run(fn, kw: dict):
     n_rows = rows_shape.numel()
     cd = torch.float64 if ref.dtype == torch.float64 else torch.float32
     device = ref.device
-    two_state = fn.__name__ == "gae" and kw.get("mask") is not None and kw.get("mask_mode", "skip") == "skip"
+    two_state = rule is GAE and kw.get("mask") is not None and kw.get("mask_mode", "skip") == "skip"
 
     def at(t):
         def step(name):
@@ -170,7 +168,7 @@ def run(fn, kw: dict):
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    lam = _handed_lambda(fn, kw)
+    lam = _handed_lambda(rule, kw)
     # every argument is checked before the first collective, on every rank, so that a rank
     # that raises leaves none waiting: a chunk without steps by its own empty call, one that
     # exchanges boundary inputs by a checking pass (the others' first pass checks them)
@@ -392,14 +390,14 @@ def _second_pass(fn, kw, first, out, chunk, tdim, reverse, two_state, ref, backe
     return _one_call(fn, {**kw, "out": first if out is None else out}, chunk)
 
 
-def _handed_lambda(fn, kw):
+def _handed_lambda(rule, kw):
     """GAE with implied next values and a number lambda != 0 hands on ``V + lambda*A`` of its
     first step (c[t] = V[t] + lambda*A[t] follows c[t] = (1-lambda)*V[t] + lambda*r[t] +
     lambda*gamma*(1-done[t])*c[t+1] and reads no V(s_t1): A[T-1] = r - V + gamma*(1-done)*c[T],
     so a chunk runs with no bootstrap value and carry c/lambda, and needs no boundary input).
     Returns that lambda, or None where the call exchanges boundary inputs instead."""
     lmbda = kw.get("lmbda", 0.95)
-    if fn.__name__ != "gae" or kw.get("mask") is not None or kw.get("mask_mode", "skip") != "skip" \
+    if rule is not GAE or kw.get("mask") is not None or kw.get("mask_mode", "skip") != "skip" \
             or kw.get("next_values") is not None or kw.get("episode_starts") is not None \
             or type(lmbda) not in (float, int) or not math.isfinite(lmbda) or abs(lmbda) < MIN_HANDED_LAMBDA:
         return None
@@ -496,7 +494,7 @@ def _run_packed(fn, kw, rule, group):
         found = _boundary_for(gather_ranks(local, group), rank, names, (), {**kw, **{n: None for n in names}})
         boundary = {n: v.reshape(1) for n, v in found.items() if not n.startswith(KERNEL)}
         kernel_args = {n[len(KERNEL):]: v.reshape(1) for n, v in found.items() if n.startswith(KERNEL)}
-    two_state = fn.__name__ == "gae" and kw.get("mask") is not None and kw.get("mask_mode", "skip") == "skip"
+    two_state = rule is GAE and kw.get("mask") is not None and kw.get("mask_mode", "skip") == "skip"
     width = 5 if two_state else 2
     # 2. the map this rank hands on: its exit piece's, from carry 0, laid out as in run(); where
     # that piece's sequence ends here, the fold applies it to its own window end's carries

@@ -1,8 +1,8 @@
 """Per-algorithm coefficient builders and epilogues for the scan engine.
 
-Each algorithm of ``rl_triton/core/spec.py`` has a BUILD function here, ``<name>_build``, and an
-epilogue, ``<name>_store``, where storing y itself is not enough (the engine's docstring gives
-their signatures). ``ins`` and ``outs`` are tuples in the spec's order, read by name through the
+Each algorithm of ``rl_triton/core/spec.py`` has a BUILD function here and an epilogue (STORE)
+where storing y itself is not enough, each registered with ``@part(spec.NAME, "build")`` (the
+engine's docstring gives their signatures). ``ins`` and ``outs`` are tuples in the spec's order, read by name through the
 spec's positions: ``ins[GAE.values]``. The arithmetic is the shared definitions of
 ``rl_triton/core/coefficients.py``. Absent inputs arrive as None, so each mode of an algorithm
 compiles to its own kernel.
@@ -38,6 +38,21 @@ MASKED_GAE = _positions(spec.MASKED_GAE)
 PADDED_GAE = _positions(spec.PADDED_GAE)
 ARRIVAL_GAE = _positions(spec.ARRIVAL_GAE)
 CARRY = tl.constexpr(spec.CARRY)  # the carry argument
+
+_registered: dict = {}  # algorithm name: {"build": BUILD, "init": INIT, "store": STORE}
+
+
+def part(algo: spec.Algorithm, role: str):
+    """Register the jitted function below as ``algo``'s BUILD, INIT or STORE (``role``); an
+    algorithm without an INIT loads its carry argument, one without a STORE stores y itself."""
+    if role not in ("build", "init", "store"):
+        raise ValueError(f"role must be 'build', 'init' or 'store', got {role!r}")
+
+    def register(fn):
+        _registered.setdefault(algo.name, {})[role] = fn
+        return fn
+
+    return register
 
 
 @triton.jit
@@ -128,6 +143,7 @@ def store_y(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
     store(outs[0], rows, t, mask, y)
 
 
+@part(spec.GAE, "build")
 @triton.jit
 def gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     v = load(ins[GAE.values], rows, t, mask, ACC)
@@ -139,12 +155,14 @@ def gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     return alpha, beta, v
 
 
+@part(spec.GAE, "store")
 @triton.jit
 def gae_store(ins, outs, rows, t, mask, y, y_prev, v, T, ACC: tl.constexpr):
     store(outs[GAE.advantages], rows, t, mask, y)
     store(outs[GAE.value_targets], rows, t, mask, y + v)
 
 
+@part(spec.MASKED_GAE, "build")
 @triton.jit
 def masked_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     # the two-state scan (engine, PAIR): x = the value of the next unmasked step, y = the advantage;
@@ -159,6 +177,7 @@ def masked_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     return (tl.where(m, v, 0.0), delta), (tl.where(m, 0.0, ones), decay, tl.where(m, g * ones, 0.0)), v
 
 
+@part(spec.MASKED_GAE, "init")
 @triton.jit
 def masked_gae_init(ins, rows, rmask, T, ACC: tl.constexpr):
     return load_row(ins[MASKED_GAE.bootstrap_value], rows, rmask, ACC), load_row(ins[MASKED_GAE.carry], rows, rmask,
@@ -171,11 +190,13 @@ def _advantages_store(outs, rows, t, mask, y, v):
     store(outs[1], rows, t, mask, y + v)
 
 
+@part(spec.MASKED_GAE, "store")
 @triton.jit
 def masked_gae_store(ins, outs, rows, t, mask, y, y_prev, v, T, ACC: tl.constexpr):
     _advantages_store(outs, rows, t, mask, y, v)
 
 
+@part(spec.PADDED_GAE, "build")
 @triton.jit
 def padded_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     # rewards, values and the next value read as 0 where the mask is 0
@@ -191,16 +212,19 @@ def padded_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     return alpha, beta, v
 
 
+@part(spec.PADDED_GAE, "init")
 @triton.jit
 def padded_gae_init(ins, rows, rmask, T, ACC: tl.constexpr):
     return load_row(ins[PADDED_GAE.carry], rows, rmask, ACC)
 
 
+@part(spec.PADDED_GAE, "store")
 @triton.jit
 def padded_gae_store(ins, outs, rows, t, mask, y, y_prev, v, T, ACC: tl.constexpr):
     _advantages_store(outs, rows, t, mask, y, v)
 
 
+@part(spec.TD_LAMBDA_RETURN, "build")
 @triton.jit
 def td_lambda_return_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     nterm, ndone = _flags(ins, TD_LAMBDA_RETURN.terminated, rows, t, mask, T, ACC)
@@ -211,6 +235,7 @@ def td_lambda_return_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     return alpha, beta, 0
 
 
+@part(spec.DISCOUNTED_RETURN, "build")
 @triton.jit
 def discounted_return_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     nterm, ndone = _flags(ins, DISCOUNTED_RETURN.terminated, rows, t, mask, T, ACC)
@@ -220,6 +245,7 @@ def discounted_return_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     return alpha, beta, 0
 
 
+@part(spec.VTRACE, "build")
 @triton.jit
 def vtrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     r = load(ins[VTRACE.rewards], rows, t, mask, ACC)
@@ -234,6 +260,7 @@ def vtrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     return alpha, beta, (r, v, nv, nterm, ndone, g, _clip(ratio, ins[VTRACE.rho_bar_pg]))
 
 
+@part(spec.VTRACE, "store")
 @triton.jit
 def vtrace_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
     r, v, nv, nterm, ndone, g, rho_pg = ctx
@@ -274,6 +301,7 @@ def _vtrace_after(ins, rows, t, mask, nv, T, ACC: tl.constexpr):
         return nv
 
 
+@part(spec.ARRIVAL_GAE, "build")
 @triton.jit
 def arrival_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     # step t < T-1 reads the reward, the flag and the value of observation t+1; the last column
@@ -291,11 +319,13 @@ def arrival_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     return tl.where(last, 0.0, alpha), tl.where(last, 1.0, beta), 0
 
 
+@part(spec.ARRIVAL_GAE, "init")
 @triton.jit
 def arrival_gae_init(ins, rows, rmask, T, ACC: tl.constexpr):
     return load_row(ins[ARRIVAL_GAE.carry], rows, rmask, ACC)
 
 
+@part(spec.ARRIVAL_GAE, "store")
 @triton.jit
 def arrival_gae_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
     # the last column only where write_last is set (PufferLib leaves it as it was)
@@ -309,6 +339,7 @@ def _trace_coef(ins, rows, t, mask, ACC: tl.constexpr):
     return coef(ins[RETRACE.lmbda], rows, t, mask, ACC) * _clip(ratio, ins[RETRACE.c_bar])
 
 
+@part(spec.RETRACE, "build")
 @triton.jit
 def retrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     if ins[RETRACE.next_expected_q] is not None:
@@ -334,6 +365,7 @@ def retrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     return alpha, beta, 0
 
 
+@part(spec.ELIGIBILITY_TRACE, "build")
 @triton.jit
 def eligibility_trace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     # e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1]
@@ -344,6 +376,7 @@ def eligibility_trace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     return load(ins[ELIGIBILITY_TRACE.x], rows, t, mask, ACC), beta, 0
 
 
+@part(spec.AFFINE_SCAN, "build")
 @triton.jit
 def affine_scan_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     alpha = load(ins[AFFINE_SCAN.alpha], rows, t, mask, ACC)
@@ -355,12 +388,13 @@ def affine_scan_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     return alpha, beta, 0
 
 
-# name: (BUILD, INIT, STORE): ``<name>_build``, ``<name>_init`` or the carry argument,
-# ``<name>_store`` or y itself
 # the STOREs that take y_prev = None in the engine's PREV_MEM regime (they read y one step back
 # from their own outputs)
 PREV_FROM_OUTPUTS = frozenset({"vtrace"})
 
-PARTS = {name: (globals()[f"{name}_build"], globals().get(f"{name}_init", carry_init),
-                globals().get(f"{name}_store", store_y))
-         for name in spec.ALGORITHMS}
+# name: (BUILD, INIT, STORE) of every algorithm, as registered with ``part``
+PARTS = {name: (parts["build"], parts.get("init", carry_init), parts.get("store", store_y))
+         for name, parts in _registered.items()}
+_missing = set(spec.ALGORITHMS) - {name for name, parts in _registered.items() if "build" in parts}
+if _missing:
+    raise ImportError(f"no Triton BUILD registered for {sorted(_missing)} (kernels/builders.py, part())")
