@@ -269,6 +269,36 @@ def test_direct_launch_passes_what_dispatch_passes(fake_triton):
     assert launched[0] == (as_pointers(ins), as_pointers(outs_), ws.data_ptr(), None, *runtime, *constexprs, idx)
 
 
+def test_compiled_kernels_launch_alike_directly_and_through_their_own_launcher():
+    """Both launch forms of a compiled kernel hand its launcher the same grid, stream and
+    arguments: the direct call of Triton releases in DIRECT_LAUNCH_TRITON and the compiled
+    kernel's own ``kernel[grid](*args, stream=...)`` (its form in Triton's compiler.py) for others."""
+    pytest.importorskip("triton")
+    from rl_triton.core import kernels
+
+    calls = []
+
+    class Compiled:
+        function, packed_metadata = object(), object()
+
+        def run(self, *args):
+            calls.append(args)
+
+        def __getitem__(self, grid):  # Triton's CompiledKernel.__getitem__: metadata from the arguments
+            def runner(*args, stream=None):
+                self.run(*grid, stream, self.function, self.packed_metadata, ("metadata",), None, None, *args)
+            return runner
+
+    kernel = Compiled()
+    kernels._launch_direct(kernel, 7, 3, 11, 1, None, (2, 3))
+    kernels._launch_own(kernel, 7, 3, 11, 1, None, (2, 3))
+    direct, own = calls
+    assert direct[:6] == own[:6] == (7, 3, 1, 11, kernel.function, kernel.packed_metadata)
+    assert direct[9:] == own[9:] == (1, None, (2, 3))
+    assert [kernels.direct_release(v) for v in ("3.1.0", "3.2.0", "3.6.0", "3.9.1+git", "3.10.0", "4.0")] == \
+        [False, True, True, True, False, False]
+
+
 def test_a_chunk_launch_from_pointers_passes_what_dispatch_passes(fake_triton, monkeypatch):
     """A sharded call's chunk from data pointers (kernels.ChunkLaunch: phase 1, hand_kernel, then
     phase 2 with the engine's fold of every rank's maps) gives the compiled kernels the arguments

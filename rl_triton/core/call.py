@@ -43,7 +43,7 @@ class Call:
     def __init__(self, ref, ref_name: str, time_dim):
         inputs.check_tensor(ref, ref_name)
         self.rows = inputs.Rows(ref, ref_name, time_dim, ref.dtype)
-        self.cd = inputs.compute_dtype(ref.dtype)
+        self.compute_dtype = inputs.compute_dtype(ref.dtype)
         self.grad_inputs = [ref]
         self.term = self.done = self.trunc = self.last_done = None
         self.checks = []  # (check, argument names): checks that read data, rerun by the call's plan
@@ -221,7 +221,8 @@ class Call:
             if chunk.record is not None:
                 bound = algo.bind(**args)
                 plan = None if not self.plannable or any(self.aliased) else plans.Plan.build(
-                    chunk.record.values, (), algo, self.backend, self.cd, bound, self.rows, self.out, self.checks,
+                    chunk.record.values, (), algo, self.backend, self.compute_dtype, bound, self.rows, self.out,
+                    self.checks,
                     self.numbers)
                 chunk.record(algo, bound, plan)
             results = self._launch(algo, algo.bind(**args), edge)
@@ -232,7 +233,8 @@ class Call:
         recorder = plans.recorder()
         if recorder is not None and self.plannable and not any(self.aliased) \
                 and not torch.compiler.is_compiling():
-            plan = recorder.build(algo, self.backend, self.cd, args, self.rows, self.out, self.checks, self.numbers)
+            plan = recorder.build(algo, self.backend, self.compute_dtype, args, self.rows, self.out, self.checks,
+                                  self.numbers)
             if plan is not None:
                 return plan.execute(recorder.values)
         elif recorder is not None and any(self.aliased):
@@ -244,20 +246,20 @@ class Call:
         """The fused launch into the caller's outputs; those that overlap an input are computed
         into fresh memory and copied after the kernel has read every input."""
         given = [None if a else o for o, a in zip(self.out, self.aliased)]
-        results = launch.run(algo, self.backend, self.cd, args, self.rows, given, edge=edge)
+        results = launch.run(algo, self.backend, self.compute_dtype, args, self.rows, given, edge=edge)
         return tuple(o.copy_(r) if a else r for r, o, a in zip(results, self.out, self.aliased))
 
     # -- the [R, T] views the kernels and the composed path read ---------------------------
-    def r(self, x):
+    def view(self, x):
         """Raw ``[R, T]`` view (fused kernels convert on load); None and numbers pass through."""
         return self.rows.rows(x) if isinstance(x, torch.Tensor) else x
 
-    def r_row(self, x):
+    def row_view(self, x):
         return None if x is None else self.rows.per_row(x)
 
-    def f(self, x):
+    def float_rows(self, x):
         """``[R, T]`` in the compute dtype for the composed path; numbers pass through."""
-        return self.rows.rows(x).to(self.cd) if isinstance(x, torch.Tensor) else x
+        return self.rows.rows(x).to(self.compute_dtype) if isinstance(x, torch.Tensor) else x
 
     def carry(self, default):
         """The composed path's carry: the chunk's where one is given, else ``default`` ([R])."""
@@ -266,13 +268,13 @@ class Call:
             return default
         if chunk.edge is not None:
             chunk.edge[:, -1] = default
-        return chunk.carry.to(self.cd)
+        return chunk.carry.to(self.compute_dtype)
 
     def chunk_arg(self, name: str):
         """A kernel argument the chunk sets (``[R]``, compute dtype), or None."""
         chunk = plans.chunk()
         x = None if chunk is None or chunk.args is None else chunk.args.get(name)
-        return None if x is None else x.to(self.cd)
+        return None if x is None else x.to(self.compute_dtype)
 
     def edge_map(self, y, beta, reverse: bool) -> None:
         """The composed path's edge map (spec.py) from its scan ``y`` and ``beta``, where the
@@ -282,35 +284,35 @@ class Call:
         if chunk is None or chunk.edge is None:
             return
         end = 0 if reverse else -1
-        ones = torch.ones(self.rows.R, dtype=self.cd, device=self.rows.device)
+        ones = torch.ones(self.rows.R, dtype=self.compute_dtype, device=self.rows.device)
         chunk.edge[:, 0] = y[:, end]
         chunk.edge[:, 1] = launch.scan_rows(torch.zeros_like(y), beta, ones, reverse, self.backend)[:, end]
 
-    def f_row(self, x):
+    def float_row(self, x):
         if x is None:
-            return torch.zeros(self.rows.R, dtype=self.cd, device=self.rows.device)
-        return self.rows.per_row(x).to(self.cd)
+            return torch.zeros(self.rows.R, dtype=self.compute_dtype, device=self.rows.device)
+        return self.rows.per_row(x).to(self.compute_dtype)
 
     def fused_flags(self) -> dict:
         """The kernels' flag group (spec.FLAGS): terminated, done, truncated ([R, T]) and last_done ([R])."""
-        return dict(terminated=self.r(self.term), done=self.r(self.done), truncated=self.r(self.trunc),
-                    last_done=self.r_row(self.last_done))
+        return dict(terminated=self.view(self.term), done=self.view(self.done), truncated=self.view(self.trunc),
+                    last_done=self.row_view(self.last_done))
 
     def composed_flags(self):
         """(1 - terminated, 1 - done) as float ``[R, T]`` tensors."""
         if self.last_done is not None:
-            done = torch.cat([self.r(self.done)[:, 1:] != 0, self.r_row(self.last_done)[:, None] != 0], 1)
-            nd = 1.0 - done.to(self.cd)
+            done = torch.cat([self.view(self.done)[:, 1:] != 0, self.row_view(self.last_done)[:, None] != 0], 1)
+            nd = 1.0 - done.to(self.compute_dtype)
             return nd, nd
         zeros = torch.zeros((), dtype=torch.bool, device=self.rows.device).expand(self.rows.R, self.rows.T)
-        term = self.r(self.term) != 0 if self.term is not None else zeros
+        term = self.view(self.term) != 0 if self.term is not None else zeros
         if self.done is not None:
-            done = self.r(self.done) != 0
+            done = self.view(self.done) != 0
         else:
-            done = term | (self.r(self.trunc) != 0) if self.trunc is not None else term
-        return 1.0 - term.to(self.cd), 1.0 - done.to(self.cd)
+            done = term | (self.view(self.trunc) != 0) if self.trunc is not None else term
+        return 1.0 - term.to(self.compute_dtype), 1.0 - done.to(self.compute_dtype)
 
     def composed_next_values(self, values, next_values, bootstrap_value):
         if next_values is not None:
-            return self.f(next_values)
-        return torch.cat([self.f(values)[:, 1:], self.f_row(bootstrap_value)[:, None]], 1)
+            return self.float_rows(next_values)
+        return torch.cat([self.float_rows(values)[:, 1:], self.float_row(bootstrap_value)[:, None]], 1)

@@ -73,13 +73,14 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     if c.empty:
         return c.empty_outputs()
     if fused:
-        return c.run_fused(spec.GAE, rewards=c.r(rewards), values=c.r(values), next_values=c.r(next_values),
-                           bootstrap_value=c.r_row(bootstrap_value), **c.fused_flags(), gamma=c.r(g), lmbda=c.r(l))
-    v = c.f(values)
+        return c.run_fused(spec.GAE, rewards=c.view(rewards), values=c.view(values), next_values=c.view(next_values),
+                           bootstrap_value=c.row_view(bootstrap_value), **c.fused_flags(), gamma=c.view(g),
+                           lmbda=c.view(l))
+    v = c.float_rows(values)
     nterm, ndone = c.composed_flags()
     nv = c.composed_next_values(values, next_values, bootstrap_value)
-    alpha, beta = C.gae(c.f(rewards), v, nv, nterm, ndone, c.f(g), c.f(l))
-    adv = scan.call_scan(c, alpha, beta, c.f_row(None), True)
+    alpha, beta = C.gae(c.float_rows(rewards), v, nv, nterm, ndone, c.float_rows(g), c.float_rows(l))
+    adv = scan.call_scan(c, alpha, beta, c.float_row(None), True)
     return c.results([adv, adv + v])
 
 
@@ -145,28 +146,28 @@ def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, ga
 
 def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l):
     if fused:
-        return c.run_fused(spec.MASKED_GAE if mode == "skip" else spec.PADDED_GAE, rewards=c.r(rewards),
-                           values=c.r(values), bootstrap_value=c.r_row(bootstrap_value), mask=c.r(mask),
-                           gamma=c.r(g), lmbda=c.r(l))
-    m = c.r(mask) != 0
-    r, v, boot = c.f(rewards), c.f(values), c.f_row(bootstrap_value)
+        return c.run_fused(spec.MASKED_GAE if mode == "skip" else spec.PADDED_GAE, rewards=c.view(rewards),
+                           values=c.view(values), bootstrap_value=c.row_view(bootstrap_value), mask=c.view(mask),
+                           gamma=c.view(g), lmbda=c.view(l))
+    m = c.view(mask) != 0
+    r, v, boot = c.float_rows(rewards), c.float_rows(values), c.float_row(bootstrap_value)
     if mode == "pad":
         v = torch.where(m, v, 0.0)
         ones = torch.ones_like(v)
         alpha, beta = C.gae(torch.where(m, r, 0.0), v, torch.cat([v[:, 1:], boot[:, None]], 1), ones, ones,
-                            c.f(g), c.f(l))
-        adv = scan.call_scan(c, alpha, beta, c.f_row(None), True)
+                            c.float_rows(g), c.float_rows(l))
+        adv = scan.call_scan(c, alpha, beta, c.float_row(None), True)
         return c.results([adv, adv + v])
-    skip = (~m).to(c.cd)
+    skip = (~m).to(c.compute_dtype)
     carried = scan.scan(torch.where(m, v, 0.0), skip, boot, True, c.backend)
     nv = torch.cat([carried[:, 1:], boot[:, None]], 1)
-    alpha, beta = C.masked_gae(r, v, nv, m.to(c.cd), c.f(g), c.f(l))
-    adv = scan.scan(alpha, beta, c.carry(c.f_row(None)), True, c.backend)
+    alpha, beta = C.masked_gae(r, v, nv, m.to(c.compute_dtype), c.float_rows(g), c.float_rows(l))
+    adv = scan.scan(alpha, beta, c.carry(c.float_row(None)), True, c.backend)
     chunk = plans.chunk()
     if chunk is not None and chunk.edge is not None:  # the two-state map (spec.py) on (bootstrap, carry)
         zero, one = torch.zeros_like(boot), torch.ones_like(boot)
         reach = scan.scan(torch.zeros_like(v), skip, one, True, c.backend)  # d carried / d bootstrap
-        d_alpha = torch.where(m, c.f(g) * torch.cat([reach[:, 1:], one[:, None]], 1), 0.0)
+        d_alpha = torch.where(m, c.float_rows(g) * torch.cat([reach[:, 1:], one[:, None]], 1), 0.0)
         gains = [scan.scan(torch.zeros_like(v), beta, one, True, c.backend), scan.scan(d_alpha, beta, zero, True,
                                                                                         c.backend)]
         chunk.edge[:, :5] = torch.stack([carried[:, 0], reach[:, 0], adv[:, 0], gains[0][:, 0], gains[1][:, 0]], 1)
@@ -195,12 +196,12 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     if c.empty:
         return c.empty_outputs()
     if fused:
-        nv = c.r(next_values)
-        return c.run_fused(spec.TD_LAMBDA_RETURN, rewards=c.r(rewards), next_values=nv, carry=nv[:, -1],
-                           **c.fused_flags(), gamma=c.r(g), lmbda=c.r(l))
-    nv = c.f(next_values)
+        nv = c.view(next_values)
+        return c.run_fused(spec.TD_LAMBDA_RETURN, rewards=c.view(rewards), next_values=nv, carry=nv[:, -1],
+                           **c.fused_flags(), gamma=c.view(g), lmbda=c.view(l))
+    nv = c.float_rows(next_values)
     nterm, ndone = c.composed_flags()
-    alpha, beta = C.td_lambda_return(c.f(rewards), nv, nterm, ndone, c.f(g), c.f(l))
+    alpha, beta = C.td_lambda_return(c.float_rows(rewards), nv, nterm, ndone, c.float_rows(g), c.float_rows(l))
     return c.results([scan.call_scan(c, alpha, beta, nv[:, -1], True)])
 
 
@@ -236,15 +237,15 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     if c.empty:
         return c.empty_outputs()
     if fused:
-        nv = c.r(next_values)
-        carry = c.r_row(bootstrap_value) if nv is None else nv[:, -1]
-        return c.run_fused(spec.DISCOUNTED_RETURN, rewards=c.r(rewards), next_values=nv, carry=carry,
-                           **c.fused_flags(), gamma=c.r(g))
-    r = c.f(rewards)
-    nv = c.f(next_values) if next_values is not None else torch.zeros_like(r)
-    carry = c.f_row(bootstrap_value) if next_values is None else nv[:, -1]
+        nv = c.view(next_values)
+        carry = c.row_view(bootstrap_value) if nv is None else nv[:, -1]
+        return c.run_fused(spec.DISCOUNTED_RETURN, rewards=c.view(rewards), next_values=nv, carry=carry,
+                           **c.fused_flags(), gamma=c.view(g))
+    r = c.float_rows(rewards)
+    nv = c.float_rows(next_values) if next_values is not None else torch.zeros_like(r)
+    carry = c.float_row(bootstrap_value) if next_values is None else nv[:, -1]
     nterm, ndone = c.composed_flags()
-    alpha, beta = C.discounted_return(r, nv, nterm, ndone, c.f(g))
+    alpha, beta = C.discounted_return(r, nv, nterm, ndone, c.float_rows(g))
     return c.results([scan.call_scan(c, alpha, beta, carry, True)])
 
 
@@ -281,20 +282,21 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     if c.empty:
         return c.empty_outputs()
     if fused:
-        return c.run_fused(spec.VTRACE, rewards=c.r(rewards), values=c.r(values), next_values=c.r(next_values),
-                           bootstrap_value=c.r_row(bootstrap_value), log_pi=c.r(log_pi), log_mu=c.r(log_mu),
-                           **c.fused_flags(), gamma=c.r(g), lmbda=c.r(l), rho_bar=rho_bar, c_bar=c_bar,
+        return c.run_fused(spec.VTRACE, rewards=c.view(rewards), values=c.view(values), next_values=c.view(next_values),
+                           bootstrap_value=c.row_view(bootstrap_value), log_pi=c.view(log_pi), log_mu=c.view(log_mu),
+                           **c.fused_flags(), gamma=c.view(g), lmbda=c.view(l), rho_bar=rho_bar, c_bar=c_bar,
                            rho_bar_pg=rho_bar_pg)
-    r, v = c.f(rewards), c.f(values)
+    r, v = c.float_rows(rewards), c.float_rows(values)
     nv = c.composed_next_values(values, next_values, bootstrap_value)
     nterm, ndone = c.composed_flags()
-    gf = c.f(g)
-    ratio = torch.exp(c.f(log_pi) - c.f(log_mu))
-    alpha, beta = C.vtrace(r, v, nv, nterm, ndone, gf, ratio.clamp(max=rho_bar), c.f(l) * ratio.clamp(max=c_bar))
-    vs = scan.call_scan(c, alpha, beta, c.f_row(None), True) + v
+    gf = c.float_rows(g)
+    ratio = torch.exp(c.float_rows(log_pi) - c.float_rows(log_mu))
+    alpha, beta = C.vtrace(r, v, nv, nterm, ndone, gf, ratio.clamp(max=rho_bar),
+                           c.float_rows(l) * ratio.clamp(max=c_bar))
+    vs = scan.call_scan(c, alpha, beta, c.float_row(None), True) + v
     # vs[T] = V(s_T) + the carry the scan ran from, (vs - v)[T]; V(s_T) the chunk's bootstrap
     # value where it sets one
-    carry = c.carry(c.f_row(None))
+    carry = c.carry(c.float_row(None))
     after = c.chunk_arg("bootstrap_value")
     after = nv[:, -1] if after is None else after
     vs_next = torch.where(ndone == 0, nv, torch.cat([vs[:, 1:], (after + carry)[:, None]], 1))
@@ -351,21 +353,21 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
         return c.empty_outputs()
     if fused:
         pi, nq = (c.rows.rows_3d(next_pi), c.rows.rows_3d(next_q)) if pair else (None, None)
-        return c.run_fused(spec.RETRACE, rewards=c.r(rewards), q_values=c.r(q_values), log_pi=c.r(log_pi),
-                           log_mu=c.r(log_mu), next_expected_q=c.r(next_expected_q), next_pi=pi, next_q=nq,
-                           **c.fused_flags(), gamma=c.r(g), lmbda=c.r(l), c_bar=c_bar)
+        return c.run_fused(spec.RETRACE, rewards=c.view(rewards), q_values=c.view(q_values), log_pi=c.view(log_pi),
+                           log_mu=c.view(log_mu), next_expected_q=c.view(next_expected_q), next_pi=pi, next_q=nq,
+                           **c.fused_flags(), gamma=c.view(g), lmbda=c.view(l), c_bar=c_bar)
     if pair:
-        ev = (c.rows.rows_3d(next_pi).to(c.cd) * c.rows.rows_3d(next_q).to(c.cd)).sum(-1)
+        ev = (c.rows.rows_3d(next_pi).to(c.compute_dtype) * c.rows.rows_3d(next_q).to(c.compute_dtype)).sum(-1)
     else:
-        ev = c.f(next_expected_q)
+        ev = c.float_rows(next_expected_q)
     nterm, ndone = c.composed_flags()
-    trace = c.f(l) * torch.exp(c.f(log_pi) - c.f(log_mu)).clamp(max=c_bar)
+    trace = c.float_rows(l) * torch.exp(c.float_rows(log_pi) - c.float_rows(log_mu)).clamp(max=c_bar)
     # at the window end c[T] = 1 and q[T] = 0: the carry is c[T]*(Q_ret[T] - q[T]) itself
     c_next = torch.cat([trace[:, 1:], torch.ones_like(trace[:, :1])], 1)
-    q = c.f(q_values)
+    q = c.float_rows(q_values)
     q_next = torch.cat([q[:, 1:], torch.zeros_like(q[:, :1])], 1)
-    alpha, beta = C.retrace(c.f(rewards), ev, q_next, nterm, ndone, c.f(g), c_next)
-    return c.results([scan.call_scan(c, alpha, beta, c.f_row(None), True)])
+    alpha, beta = C.retrace(c.float_rows(rewards), ev, q_next, nterm, ndone, c.float_rows(g), c_next)
+    return c.results([scan.call_scan(c, alpha, beta, c.float_row(None), True)])
 
 
 def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
@@ -378,12 +380,12 @@ def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
     if c.empty:
         return c.empty_outputs()
     if fused:
-        return c.run_fused(spec.ELIGIBILITY_TRACE, x=c.r(x), done=c.r(c.done), gamma=c.r(decay[0]),
-                           lmbda=c.r(decay[1]), carry=c.r_row(initial))
+        return c.run_fused(spec.ELIGIBILITY_TRACE, x=c.view(x), done=c.view(c.done), gamma=c.view(decay[0]),
+                           lmbda=c.view(decay[1]), carry=c.row_view(initial))
     _, ndone = c.composed_flags()
     prev_open = torch.cat([torch.ones_like(ndone[:, :1]), ndone[:, :-1]], 1)
-    beta = torch.where(prev_open == 0, 0.0, c.f(decay[0]) * c.f(decay[1]) * prev_open)
-    return c.results([scan.call_scan(c, c.f(x), beta, c.f_row(initial), False)])
+    beta = torch.where(prev_open == 0, 0.0, c.float_rows(decay[0]) * c.float_rows(decay[1]) * prev_open)
+    return c.results([scan.call_scan(c, c.float_rows(x), beta, c.float_row(initial), False)])
 
 
 @routes.public(sharded.ELIGIBILITY_TRACE)
@@ -458,23 +460,25 @@ def arrival_gae(rewards, values, *, ratio=None, done=None, gamma=0.99, lmbda=0.9
     # path would not, so there the column is kept and put back
     keep = None
     if not write_last and not (fused and not any(c.aliased) and c.rows.output(out)[1] is not None
-                               and launch.output_dtype(c.backend, c.cd, c.rows.dtype) == c.rows.dtype):
+                               and launch.output_dtype(c.backend, c.compute_dtype, c.rows.dtype) == c.rows.dtype):
         keep = out.select(c.rows.tdim, -1).clone()
     if fused:
-        result = c.run_fused(spec.ARRIVAL_GAE, rewards=c.r(rewards), values=c.r(values),
-                             ratio=1.0 if ratio is None else c.r(ratio), done=c.r(c.done), gamma=c.r(g), lmbda=c.r(l),
+        result = c.run_fused(spec.ARRIVAL_GAE, rewards=c.view(rewards), values=c.view(values),
+                             ratio=1.0 if ratio is None else c.view(ratio), done=c.view(c.done), gamma=c.view(g),
+                             lmbda=c.view(l),
                              rho_bar=rho_bar, c_bar=c_bar, write_last=float(write_last))
     else:
-        r, v = c.f(rewards), c.f(values)
-        x = 1.0 if ratio is None else c.f(ratio)
+        r, v = c.float_rows(rewards), c.float_rows(values)
+        x = 1.0 if ratio is None else c.float_rows(ratio)
         ones = torch.ones_like(v)
         x = x * ones
         _, ndone = c.composed_flags()
-        alpha, beta = C.arrival_gae(r[:, 1:], v[:, :-1], v[:, 1:], ndone[:, 1:], (c.f(g) * ones)[:, :-1],
-                                    (c.f(l) * ones)[:, :-1], x[:, :-1].clamp(max=rho_bar), x[:, :-1].clamp(max=c_bar))
+        alpha, beta = C.arrival_gae(r[:, 1:], v[:, :-1], v[:, 1:], ndone[:, 1:], (c.float_rows(g) * ones)[:, :-1],
+                                    (c.float_rows(l) * ones)[:, :-1], x[:, :-1].clamp(max=rho_bar),
+                                    x[:, :-1].clamp(max=c_bar))
         alpha = torch.cat([alpha, v.new_zeros(v.shape[0], 1)], 1)
         beta = torch.cat([beta, v.new_ones(v.shape[0], 1)], 1)
-        result = c.results([scan.call_scan(c, alpha, beta, c.f_row(None), True)])
+        result = c.results([scan.call_scan(c, alpha, beta, c.float_row(None), True)])
     if keep is not None:
         out.select(c.rows.tdim, -1).copy_(keep)
     return result

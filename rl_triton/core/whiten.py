@@ -278,8 +278,7 @@ def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
     if compiled is not None and kernels.direct_launch_ok(x.device):
         stream = kernels.current_stream(x.device)
         for kernel, (grid, args, constexprs) in zip(compiled, calls):
-            kernel.run(grid[0], 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *args,
-                       *constexprs)
+            kernels.launch_compiled(kernel, grid[0], 1, stream, *args, *constexprs)
         return
     compiled = (
         k.moments_kernel[(P,)](flat, m, parts, n, HAS_MASK=valid is not None, BLOCK=k.BLOCK),

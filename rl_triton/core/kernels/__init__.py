@@ -27,6 +27,7 @@ from .. import spec
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 try:
+    import triton
     import triton.language as tl
 
     from triton.runtime import driver
@@ -345,8 +346,8 @@ class Launch:
         grid, constexprs = self.config.grid, self.config.constexprs
         stream = _stream_getter()(self.device_index)
         for phase, kernel in phased_kernels:
-            kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                       ins, outs, ws_ptr, fold, *self.runtime, *constexprs[phase], self.idx)
+            launch_compiled(kernel, grid[0], grid[1], stream, ins, outs, ws_ptr, fold, *self.runtime,
+                            *constexprs[phase], self.idx)
 
     def direct_source(self, pointers, namespace: dict, aligned):
         """Python source lines launching the kernel compiled for the alignment ``aligned`` (which
@@ -377,7 +378,7 @@ class Launch:
                          _device=self.device, _index=self.device_index, _idx=self.idx, _g0=self.config.grid[0],
                          _g1=self.config.grid[1], _ws_size=self.ws_size, _ws_dtype=self.ws_dtype)
         if self.device_index is not None:  # a CUDA device (tests stand CPU tensors in for one)
-            namespace["_get_device"] = torch._C._cuda_getDevice
+            namespace["_get_device"] = torch.cuda.current_device
         assumed = [p for p, a in zip(pointers, aligned) if a]
         lines = [
             f"if ({' | '.join(assumed) or '0'}) & 15 or _hooks_active()"
@@ -391,9 +392,8 @@ class Launch:
             constexprs = self.config.constexprs[phase]
             names = [f"_c{phase}_{i}" for i in range(len(constexprs))]
             namespace.update(zip(names, constexprs))
-            namespace.update({f"_k{phase}": kernel.run, f"_f{phase}": kernel.function,
-                              f"_m{phase}": kernel.packed_metadata})
-            lines.append(f"_k{phase}(_g0, _g1, 1, _s, _f{phase}, _m{phase}, None, None, None, "
+            namespace.update({f"_k{phase}": kernel, "_launch": launch_compiled})
+            lines.append(f"_launch(_k{phase}, _g0, _g1, _s, "
                          f"({', '.join(items[:n])},), ({', '.join(items[n:])},), _ws, None, {', '.join(runtime)}, "
                          f"{', '.join(names)}, _idx)")
         return lines
@@ -430,7 +430,7 @@ class Launch:
         return torch.empty(self.ws_size, dtype=self.ws_dtype, device=self.device)
 
     def _on_device(self):
-        other = self.device_index is not None and self.device_index != torch._C._cuda_getDevice()
+        other = self.device_index is not None and self.device_index != torch.cuda.current_device()
         return torch.cuda.device(self.device) if other else contextlib.nullcontext()
 
 
@@ -507,10 +507,10 @@ class ChunkLaunch:
             k1, kh, _ = self.compiled[self.last_aligned]
             views = self._hand_views(ptrs, None)
             launch._run_compiled(ptrs, [(1, k1)], self.ws.data_ptr())
-            kh.run(self.hand_grid[0], 1, 1, _stream_getter()(launch.device_index), kh.function, kh.packed_metadata,
-                   None, None, None, self.ws.data_ptr(), self.send.data_ptr(), views["own"], views["own_x"],
-                   views["offset"], views["cut"], None if self.scale is None else self.scale.data_ptr(), self.R,
-                   config.n_seg, *self.hand_constexprs)
+            launch_compiled(kh, self.hand_grid[0], 1, _stream_getter()(launch.device_index), self.ws.data_ptr(),
+                            self.send.data_ptr(), views["own"], views["own_x"], views["offset"], views["cut"],
+                            None if self.scale is None else self.scale.data_ptr(), self.R, config.n_seg,
+                            *self.hand_constexprs)
             return
         with launch._on_device():
             k1 = _dispatch(config, launch._with_tensors(tensors), self.ws, launch.runtime, 1, launch.idx)
@@ -558,7 +558,7 @@ def _dispatch(config: _Config, args, ws, runtime, phase, idx, fold=None):
 @functools.lru_cache(maxsize=None)
 def launchable(kernel) -> bool:
     """Whether a kernel Triton's dispatch returned can be launched from data pointers later
-    (``kernel.run``), as the whitening passes are (rl_triton/core/whiten.py)."""
+    (``launch_compiled``), as the whitening passes are (rl_triton/core/whiten.py)."""
     return _launchable(kernel)
 
 
@@ -569,7 +569,7 @@ def direct_launch_ok(device: torch.device) -> bool:
 
 
 def current_stream(device: torch.device):
-    """Triton's current stream of ``device``, for ``kernel.run``."""
+    """Triton's current stream of ``device``, for ``launch_compiled``."""
     return _stream_getter()(device.index if device.index is not None else torch.cuda.current_device())
 
 
@@ -588,6 +588,34 @@ def _hooks_active() -> bool:
         return False
     enter, exit_ = _RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook
     return bool(getattr(enter, "calls", enter)) or bool(getattr(exit_, "calls", exit_))
+
+
+# The Triton releases whose compiled kernels' launcher this module calls directly, in the positional
+# form run(grid0, grid1, grid2, stream, function, packed_metadata, launch_metadata, enter_hook,
+# exit_hook, *args): run with 3.6 on an H200; the same form stands in the source of 3.2 and of 3.9
+# (CompiledKernel.__getitem__ in triton/compiler/compiler.py). Other releases take the compiled
+# kernel's own ``kernel[grid](*args, stream=stream)``, which also forms the launch metadata.
+DIRECT_LAUNCH_TRITON = ((3, 2), (3, 9))
+
+
+def direct_release(version: str) -> bool:
+    """Whether Triton ``version`` is one whose compiled kernels this module launches directly."""
+    release = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    return DIRECT_LAUNCH_TRITON[0] <= release <= DIRECT_LAUNCH_TRITON[1]
+
+
+def _launch_direct(kernel, grid0: int, grid1: int, stream, *args) -> None:
+    kernel.run(grid0, grid1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
+
+
+def _launch_own(kernel, grid0: int, grid1: int, stream, *args) -> None:
+    kernel[(grid0, grid1, 1)](*args, stream=stream)
+
+
+# launch_compiled(kernel, grid0, grid1, stream, *args): a compiled kernel (Triton's dispatch
+# returned it) launched on a (grid0, grid1) grid from ``args`` as its launcher takes them (data
+# pointers, sizes, compile-time values), without launch hooks (callers check _hooks_active first)
+launch_compiled = _launch_direct if AVAILABLE and direct_release(triton.__version__) else _launch_own
 
 
 def run(algo: spec.Algorithm, args, outs) -> None:

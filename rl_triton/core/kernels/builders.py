@@ -2,10 +2,10 @@
 
 Each algorithm of ``rl_triton/core/spec.py`` has a BUILD function here and an epilogue (STORE)
 where storing y itself is not enough, each registered with ``@part(spec.NAME, "build")`` (the
-engine's docstring gives their signatures). ``ins`` and ``outs`` are tuples in the spec's order, read by name through the
-spec's positions: ``ins[GAE.values]``. The arithmetic is the shared definitions of
-``rl_triton/core/coefficients.py``. Absent inputs arrive as None, so each mode of an algorithm
-compiles to its own kernel.
+engine's docstring gives their signatures). ``ins`` and ``outs`` are tuples in the spec's order,
+read by name through the spec's positions: ``ins[GAE.values]``. The arithmetic is the shared
+definitions of ``rl_triton/core/coefficients.py``. Absent inputs arrive as None, so each mode of
+an algorithm compiles to its own kernel.
 """
 
 import types
