@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import cpu, inputs, launch
+from . import cpu, graphs, inputs, launch
 
 MAX_PLANS = 256
 _plans: dict = {}
@@ -41,9 +41,10 @@ _NO_PLAN = object()  # a signature whose calls take the full path (the composed 
 
 
 def clear() -> None:
-    """Forget every plan."""
+    """Forget every plan, and the graphs of their calls."""
     with _lock:
         _plans.clear()
+    graphs.clear()
 
 
 class Unkeyable(Exception):
@@ -122,6 +123,10 @@ def cached(fn):
         if plan is _NO_PLAN:
             return fn(*args, **kwargs)
         if plan is not None and plan.hit is not None:
+            if plan.graphable:
+                result = graphs.run(plan, key, args, kwargs)
+                if result is not None:
+                    return result
             result = plan.hit(args, kwargs)
             if result is not None:
                 return result
@@ -267,6 +272,8 @@ class Plan:
         plan.hit = None  # the generated hit path (``_generate``), after a first launch
         plan.can_generate = plan.pointers or backend == "cpu"
         plan.algo = algo.name
+        plan.device = rows.device
+        plan.graphable = graphs.eligible(plan)
         # numba reads numpy arrays: the sources its arguments come from are converted once each
         # (numpy has no bfloat16; tensors that require grad stay tensors, detached by the backend)
         plan.arrays = [k for k in sorted({slot[1] for slot in slots}) if sources[k][1].dtype != torch.bfloat16

@@ -1,0 +1,134 @@
+"""Repeated calls replayed as CUDA graphs.
+
+Training loops call the estimators with the same rollout buffers every iteration. A call whose
+signature has a plan (rl_triton/core/plans.py) launching Triton kernels from data pointers, and
+whose outputs all go to ``out=``, is a fixed sequence of kernel launches on fixed memory once
+its tensors' data pointers are fixed too. Such a call is counted per (signature, data
+pointers): the first occurrence launches as usual, the second is captured into a CUDA graph
+(and the graph replayed once, which computes it), later ones replay the graph: one launch from
+the host instead of the plan's Python and Triton's launcher per kernel.
+
+A replay runs what the plan's own hit path checks first: the one-element CPU tensors read as
+numbers must hold the captured values and the plan's value checks run (they exist on CUDA only
+with ``RL_TRITON_CHECK_VALUES=1``); a call where one fails, or where Triton launch hooks are set
+or another device is current, takes the plan's path instead. Nothing is captured while the
+caller's stream is capturing (the call then launches plainly into the caller's graph), under
+autograd (such calls have no plan) or inside a ``torch.compile`` trace (nor there). At most
+``MAX_GRAPHS`` graphs are kept, the least recently replayed evicted first; ``clear()`` drops them.
+``RL_TRITON_GRAPHS=1`` turns the replays on (off by default until checked on a GPU:
+docs/architecture.md); ``0`` or unset leaves every call on the plan's path.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+
+import torch
+
+MAX_GRAPHS = 64
+_graphs: OrderedDict = OrderedDict()  # (signature key, data pointers): _Entry
+_lock = threading.Lock()
+_SKIP = object()  # an entry whose capture failed: its calls stay on the plan's path
+
+
+class _Entry:
+    __slots__ = ("seen", "replay")
+
+    def __init__(self):
+        self.seen = 1
+        self.replay = None
+
+
+def enabled() -> bool:
+    """Whether ``RL_TRITON_GRAPHS`` turns the replays on (read on every call)."""
+    return (os.environ.get("RL_TRITON_GRAPHS") or "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def clear() -> None:
+    """Forget every graph (their memory goes back to torch's caching allocator)."""
+    with _lock:
+        _graphs.clear()
+
+
+def eligible(plan) -> bool:
+    """Whether ``plan``'s calls can be replayed: Triton launches from data pointers on a CUDA
+    device, every output given by ``out=``."""
+    return plan.pointers and plan.device.type == "cuda" and outputs_given(plan)
+
+
+def outputs_given(plan) -> bool:
+    """Whether every output of ``plan``'s calls is a tensor the caller passes in ``out=``."""
+    return all(make is None for make, *_ in plan.outputs)
+
+
+def _pointers(args, kwargs) -> tuple:
+    ptrs = []
+    for x in (*args, *kwargs.values()):
+        if type(x) is torch.Tensor:
+            ptrs.append(x.data_ptr())
+        elif type(x) is tuple or type(x) is list:
+            ptrs.extend(y.data_ptr() for y in x if type(y) is torch.Tensor)
+    return tuple(ptrs)
+
+
+def run(plan, key, args, kwargs):
+    """Serve a call of ``plan``'s signature ``key`` from a graph where it repeats; None where
+    the plan's path serves it (first occurrence, a failed precondition, replays off)."""
+    if not enabled() or not launch_ok(plan.device) or capturing():
+        return None
+    if plan.numbers or plan.checks:
+        values = dict(zip(plan.positional, args))
+        values.update(kwargs)
+        for name, value in plan.numbers:
+            if float(values[name]) != value:
+                return None
+        for check, names in plan.checks:
+            check(**{name: values[name] for name in names})
+    gkey = (key, _pointers(args, kwargs))
+    with _lock:
+        entry = _graphs.get(gkey)
+        if entry is None:
+            if len(_graphs) >= MAX_GRAPHS:
+                _graphs.popitem(last=False)  # the least recently replayed
+            _graphs[gkey] = _Entry()
+            return None
+        _graphs.move_to_end(gkey)
+        entry.seen += 1
+    if entry.replay is _SKIP:
+        return None
+    if entry.replay is None:
+        entry.replay = capture(lambda: plan.hit(args, kwargs), plan.device) or _SKIP
+        if entry.replay is _SKIP:
+            return None
+    entry.replay()
+    out = kwargs["out"] if "out" in kwargs else args[plan.positional.index("out")]
+    return out if plan.single else tuple(out)
+
+
+def capturing() -> bool:
+    """Whether the current stream (of the current device) is capturing a graph: the caller's."""
+    return torch.cuda.is_current_stream_capturing()
+
+
+def launch_ok(device: torch.device) -> bool:
+    """Whether a replay may run now: no Triton launch hooks set, ``device`` current."""
+    from . import kernels
+
+    return kernels.direct_launch_ok(device)
+
+
+def capture(launch, device: torch.device):
+    """A function replaying the CUDA graph of ``launch()`` (which returns None where it launched
+    nothing) on the current stream; None where the capture fails or captured nothing."""
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    try:
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+            launched = launch()
+    except RuntimeError:
+        return None
+    torch.cuda.current_stream(device).wait_stream(side)
+    return None if launched is None else graph.replay
