@@ -205,42 +205,11 @@ class Call:
         outs = tuple(o + link for o in (outs if isinstance(outs, tuple) else (outs,)))
         return outs if len(outs) > 1 else outs[0]
 
-    def run_fused(self, algo: spec.Algorithm, **args):
-        """Run ``algo``'s fused kernel on ``[R, T]`` views of the named arguments; where the call
-        is recorded (rl_triton/core/plans.py), through the plan it leaves."""
-        chunk = plans.chunk()
-        if chunk is not None:
-            edge = None
-            if chunk.edge is not None:
-                own = args.get("carry")
-                chunk.edge[:, -1] = 0.0 if own is None else own
-                edge = torch.empty(self.rows.R, chunk.edge.shape[1] - 1, dtype=torch.float64, device=self.rows.device)
-            if chunk.carry is not None:
-                args["carry"] = chunk.carry
-            args.update(chunk.args or {})
-            if chunk.record is not None:
-                bound = algo.bind(**args)
-                plan = None if not self.plannable or any(self.aliased) else plans.Plan.build(
-                    chunk.record.values, (), algo, self.backend, self.compute_dtype, bound, self.rows, self.out,
-                    self.checks,
-                    self.numbers)
-                chunk.record(algo, bound, plan)
-            results = self._launch(algo, algo.bind(**args), edge)
-            if edge is not None:
-                chunk.edge[:, :-1] = edge
-            return results if len(results) > 1 else results[0]
-        args = algo.bind(**args)
-        recorder = plans.recorder()
-        if recorder is not None and self.plannable and not any(self.aliased) \
-                and not torch.compiler.is_compiling():
-            plan = recorder.build(algo, self.backend, self.compute_dtype, args, self.rows, self.out, self.checks,
-                                  self.numbers)
-            if plan is not None:
-                return plan.execute(recorder.values)
-        elif recorder is not None and any(self.aliased):
-            recorder.final = False  # aliasing belongs to this call, not to the signature
-        results = self._launch(algo, args)
-        return results if len(results) > 1 else results[0]
+    def bind(self, algo: spec.Algorithm, **args) -> plans.Bound:
+        """This call's fused kernel ``algo`` on the named arguments (``[R, T]`` views, ``[R]``
+        views, numbers or None), bound and not launched: the public function returns it and its
+        route launches it (:func:`launch_bound`)."""
+        return plans.Bound(self, algo, args)
 
     def _launch(self, algo: spec.Algorithm, args, edge=None) -> tuple:
         """The fused launch into the caller's outputs; those that overlap an input are computed
@@ -316,3 +285,39 @@ class Call:
         if next_values is not None:
             return self.float_rows(next_values)
         return torch.cat([self.float_rows(values)[:, 1:], self.float_row(bootstrap_value)[:, None]], 1)
+
+
+def launch_bound(bound: plans.Bound, recorder):
+    """Launch a bound fused call: as a chunk of a split sequence where one is running
+    (rl_triton/core/sharded.py), else through the plan ``recorder`` (``plans._Recorder``, the
+    signature's first call) builds, else directly. The outputs, one tensor or a tuple."""
+    c, algo, args = bound
+    chunk = plans.chunk()
+    if chunk is not None:
+        edge = None
+        if chunk.edge is not None:
+            own = args.get("carry")
+            chunk.edge[:, -1] = 0.0 if own is None else own
+            edge = torch.empty(c.rows.R, chunk.edge.shape[1] - 1, dtype=torch.float64, device=c.rows.device)
+        if chunk.carry is not None:
+            args["carry"] = chunk.carry
+        args.update(chunk.args or {})
+        if chunk.record is not None:
+            kernel_args = algo.bind(**args)
+            plan = None if not c.plannable or any(c.aliased) else plans.Plan.build(
+                chunk.record.values, (), algo, c.backend, c.compute_dtype, kernel_args, c.rows, c.out, c.checks,
+                c.numbers)
+            chunk.record(algo, kernel_args, plan)
+        results = c._launch(algo, algo.bind(**args), edge)
+        if edge is not None:
+            chunk.edge[:, :-1] = edge
+        return results if len(results) > 1 else results[0]
+    args = algo.bind(**args)
+    if recorder is not None and c.plannable and not any(c.aliased) and not torch.compiler.is_compiling():
+        plan = recorder.build(algo, c.backend, c.compute_dtype, args, c.rows, c.out, c.checks, c.numbers)
+        if plan is not None:
+            return plan.execute(recorder.values)
+    elif recorder is not None and any(c.aliased):
+        recorder.final = False  # aliasing belongs to this call, not to the signature
+    results = c._launch(algo, args)
+    return results if len(results) > 1 else results[0]

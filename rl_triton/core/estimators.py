@@ -13,7 +13,8 @@ import torch
 
 from . import coefficients as C
 from . import inputs, launch, plans, routes, scan, sharded, spec
-from .call import TRUNCATION_HELP, Call
+from .call import TRUNCATION_HELP, Call, launch_bound
+from .plans import Bound
 from .docstrings import FLAG, FORWARD_DONE, GAMMA_X, OUT_PAIR, documented
 from .whiten import WHITEN_OPTIONS, check_whiten_options, masked_whiten
 
@@ -73,7 +74,7 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     if c.empty:
         return c.empty_outputs()
     if fused:
-        return c.run_fused(spec.GAE, rewards=c.view(rewards), values=c.view(values), next_values=c.view(next_values),
+        return c.bind(spec.GAE, rewards=c.view(rewards), values=c.view(values), next_values=c.view(next_values),
                            bootstrap_value=c.row_view(bootstrap_value), **c.fused_flags(), gamma=c.view(g),
                            lmbda=c.view(l))
     v = c.float_rows(values)
@@ -140,13 +141,15 @@ def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, ga
     if options is None:
         return _masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l)
     _whitening_call(c)
-    return _whitened(_masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l), mask,
-                     options, c.backend)
+    results = _masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l)
+    if type(results) is Bound:
+        results = launch_bound(results, None)
+    return _whitened(results, mask, options, c.backend)
 
 
 def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l):
     if fused:
-        return c.run_fused(spec.MASKED_GAE if mode == "skip" else spec.PADDED_GAE, rewards=c.view(rewards),
+        return c.bind(spec.MASKED_GAE if mode == "skip" else spec.PADDED_GAE, rewards=c.view(rewards),
                            values=c.view(values), bootstrap_value=c.row_view(bootstrap_value), mask=c.view(mask),
                            gamma=c.view(g), lmbda=c.view(l))
     m = c.view(mask) != 0
@@ -197,7 +200,7 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
         return c.empty_outputs()
     if fused:
         nv = c.view(next_values)
-        return c.run_fused(spec.TD_LAMBDA_RETURN, rewards=c.view(rewards), next_values=nv, carry=nv[:, -1],
+        return c.bind(spec.TD_LAMBDA_RETURN, rewards=c.view(rewards), next_values=nv, carry=nv[:, -1],
                            **c.fused_flags(), gamma=c.view(g), lmbda=c.view(l))
     nv = c.float_rows(next_values)
     nterm, ndone = c.composed_flags()
@@ -239,7 +242,7 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     if fused:
         nv = c.view(next_values)
         carry = c.row_view(bootstrap_value) if nv is None else nv[:, -1]
-        return c.run_fused(spec.DISCOUNTED_RETURN, rewards=c.view(rewards), next_values=nv, carry=carry,
+        return c.bind(spec.DISCOUNTED_RETURN, rewards=c.view(rewards), next_values=nv, carry=carry,
                            **c.fused_flags(), gamma=c.view(g))
     r = c.float_rows(rewards)
     nv = c.float_rows(next_values) if next_values is not None else torch.zeros_like(r)
@@ -282,7 +285,7 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     if c.empty:
         return c.empty_outputs()
     if fused:
-        return c.run_fused(spec.VTRACE, rewards=c.view(rewards), values=c.view(values), next_values=c.view(next_values),
+        return c.bind(spec.VTRACE, rewards=c.view(rewards), values=c.view(values), next_values=c.view(next_values),
                            bootstrap_value=c.row_view(bootstrap_value), log_pi=c.view(log_pi), log_mu=c.view(log_mu),
                            **c.fused_flags(), gamma=c.view(g), lmbda=c.view(l), rho_bar=rho_bar, c_bar=c_bar,
                            rho_bar_pg=rho_bar_pg)
@@ -353,7 +356,7 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
         return c.empty_outputs()
     if fused:
         pi, nq = (c.rows.rows_3d(next_pi), c.rows.rows_3d(next_q)) if pair else (None, None)
-        return c.run_fused(spec.RETRACE, rewards=c.view(rewards), q_values=c.view(q_values), log_pi=c.view(log_pi),
+        return c.bind(spec.RETRACE, rewards=c.view(rewards), q_values=c.view(q_values), log_pi=c.view(log_pi),
                            log_mu=c.view(log_mu), next_expected_q=c.view(next_expected_q), next_pi=pi, next_q=nq,
                            **c.fused_flags(), gamma=c.view(g), lmbda=c.view(l), c_bar=c_bar)
     if pair:
@@ -380,7 +383,7 @@ def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
     if c.empty:
         return c.empty_outputs()
     if fused:
-        return c.run_fused(spec.ELIGIBILITY_TRACE, x=c.view(x), done=c.view(c.done), gamma=c.view(decay[0]),
+        return c.bind(spec.ELIGIBILITY_TRACE, x=c.view(x), done=c.view(c.done), gamma=c.view(decay[0]),
                            lmbda=c.view(decay[1]), carry=c.row_view(initial))
     _, ndone = c.composed_flags()
     prev_open = torch.cat([torch.ones_like(ndone[:, :1]), ndone[:, :-1]], 1)
@@ -463,10 +466,12 @@ def arrival_gae(rewards, values, *, ratio=None, done=None, gamma=0.99, lmbda=0.9
                                and launch.output_dtype(c.backend, c.compute_dtype, c.rows.dtype) == c.rows.dtype):
         keep = out.select(c.rows.tdim, -1).clone()
     if fused:
-        result = c.run_fused(spec.ARRIVAL_GAE, rewards=c.view(rewards), values=c.view(values),
-                             ratio=1.0 if ratio is None else c.view(ratio), done=c.view(c.done), gamma=c.view(g),
-                             lmbda=c.view(l),
-                             rho_bar=rho_bar, c_bar=c_bar, write_last=float(write_last))
+        bound = c.bind(spec.ARRIVAL_GAE, rewards=c.view(rewards), values=c.view(values),
+                       ratio=1.0 if ratio is None else c.view(ratio), done=c.view(c.done), gamma=c.view(g),
+                       lmbda=c.view(l), rho_bar=rho_bar, c_bar=c_bar, write_last=float(write_last))
+        if keep is None:
+            return bound
+        result = launch_bound(bound, None)
     else:
         r, v = c.float_rows(rewards), c.float_rows(values)
         x = 1.0 if ratio is None else c.float_rows(ratio)

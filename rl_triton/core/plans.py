@@ -36,7 +36,6 @@ from . import cpu, graphs, inputs, launch
 MAX_PLANS = 256
 _plans: dict = {}
 _lock = threading.Lock()
-_local = threading.local()
 _NO_PLAN = object()  # a signature whose calls take the full path (the composed path, say)
 
 
@@ -95,16 +94,24 @@ def chunk():
     return None if torch.compiler.is_compiling() else CHUNK.get()
 
 
-def cached(fn):
-    """``fn`` (a public estimator) with its calls' plans kept by signature."""
+def cached(fn, launch_bound):
+    """``fn`` (a public function's body) with its calls' plans kept by signature. The body
+    returns its outputs, or a bound fused call (``call.Bound``) that ``launch_bound(bound,
+    recorder)`` launches: on a signature's first call with a :class:`_Recorder`, which keeps the
+    plan it leaves; otherwise with None."""
     names = [p.name for p in inspect.signature(fn).parameters.values()
              if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+
+    def full(*args, **kwargs):
+        """The call's full path, keeping no plan."""
+        result = fn(*args, **kwargs)
+        return launch_bound(result, None) if type(result) is Bound else result
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         if torch.compiler.is_compiling() or len(args) > len(names) or launch.plan_forced() \
                 or CHUNK.get() is not None:
-            return fn(*args, **kwargs)
+            return full(*args, **kwargs)
         key = [call, torch.is_grad_enabled(), inputs.env_state()]
         try:  # tensors and floats (the common arguments) inline; a float stands for itself
             for x in args:
@@ -117,11 +124,11 @@ def cached(fn):
                 key.append((x.dtype, x.shape, x.stride(), x.device, x.requires_grad) if t is torch.Tensor
                            else x if t is float else fingerprint(x))
         except (Unkeyable, RuntimeError):  # RuntimeError: a tensor without strides (sparse, say)
-            return fn(*args, **kwargs)
+            return full(*args, **kwargs)
         key = tuple(key)
         plan = _plans.get(key)
         if plan is _NO_PLAN:
-            return fn(*args, **kwargs)
+            return full(*args, **kwargs)
         if plan is not None and plan.hit is not None:
             if plan.graphable:
                 result = graphs.run(plan, key, args, kwargs)
@@ -136,36 +143,41 @@ def cached(fn):
             result = plan.execute(values)
             if result is not None:
                 return result
-            return fn(*args, **kwargs)  # a per-call condition (overlapping out=) the full path handles
-        outer = recorder()
-        _local.recorder = record = _Recorder(values, names[:len(args)])
-        try:
-            result = fn(*args, **kwargs)
-        finally:
-            _local.recorder = outer
-        if record.plan is not None or record.final:
+            return full(*args, **kwargs)  # a per-call condition (overlapping out=) the full path handles
+        result = fn(*args, **kwargs)
+        if type(result) is not Bound:  # the composed path, an empty call: the signature keeps no plan
+            record = None
+        else:
+            record = _Recorder(values, names[:len(args)])
+            result = launch_bound(result, record)
+        if record is None or record.plan is not None or record.final:
             with _lock:
                 if len(_plans) >= MAX_PLANS:
                     del _plans[next(iter(_plans))]  # the oldest
-                _plans[key] = record.plan or _NO_PLAN
+                _plans[key] = _NO_PLAN if record is None else record.plan or _NO_PLAN
         return result
 
     return call
 
 
-def recorder():
-    """The recorder of the full call running on this thread, or None."""
-    return getattr(_local, "recorder", None)
+class Bound(NamedTuple):
+    """A validated fused call, ready to launch: ``call`` (rl_triton/core/call.py's ``Call``: the
+    rows, outputs, backend, compute dtype and the checks a plan reruns), the algorithm of
+    spec.py, and its kernel arguments by name (``[R, T]`` views, ``[R]`` views, numbers, None)."""
+    call: object
+    algo: object
+    args: dict
 
 
 class _Recorder:
-    """Collects a full call's plan (``plan``), or whether its signature has none (``final``)."""
+    """Collects the plan a signature's first fused call leaves (``plan``), or whether its
+    signature has none (``final``)."""
 
     def __init__(self, values: dict, positional):
         self.values = values
         self.positional = positional
         self.plan = None
-        self.final = True  # no fused launch reached (composed path, empty call): never one
+        self.final = True  # False: this call's own tensors (aliasing) kept it from a plan
 
     def build(self, algo, backend, compute, args, rows, given, checks, numbers):
         """The plan of this fused call, or None where it has none: then its signature keeps none
@@ -218,7 +230,7 @@ class Plan:
     @classmethod
     def build(cls, values, positional, algo, backend, compute, args, rows, given, checks, numbers):
         """The plan of a fused call (``values``: its arguments by name, the first ``positional``
-        of them given by position; the rest as ``Call.run_fused`` has them); None where a kernel
+        of them given by position; the rest as ``call.launch_bound`` has them); None where a kernel
         view is no caller tensor's (a copy was made) or an output goes through a buffer, and
         _AMBIGUOUS where several caller tensors hold a view."""
         sources = _sources(values)

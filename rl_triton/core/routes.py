@@ -14,6 +14,7 @@ import functools
 import inspect
 
 from . import packed, plans, sharded
+from .call import launch_bound
 
 
 def public(rule: sharded.Rule | None, *, outputs: int = 1):
@@ -25,7 +26,7 @@ def public(rule: sharded.Rule | None, *, outputs: int = 1):
         raise ValueError(f"outputs must be 1 or 2, got {outputs!r}")
 
     def declare(fn):
-        planned = plans.cached(fn)
+        planned = plans.cached(fn, launch_bound)
         if rule is None:
             return planned
         signature = inspect.signature(fn)
