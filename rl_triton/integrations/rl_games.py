@@ -92,12 +92,19 @@ def _fused_form(agent, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb
 
 def _trace_factor(gamma: float, tau: float, flags: torch.Tensor, dtype: torch.dtype) -> float:
     """lmbda for rl_triton such that gamma * lmbda is rl_games' trace factor: the loop multiplies
-    ``gamma * tau`` by the flags' ``1 - done`` first, a tensor of the flags' float dtype. Above 1
-    where that rounding lifts the factor above gamma (float64 rollouts with float32 flags and
-    ``tau = 1``)."""
-    flag_dtype = torch.result_type(flags, 1.0)
+    ``gamma * tau`` by the flags' ``1 - done`` first, a tensor of the flags' float dtype (torch's
+    default float dtype for integer flags). Above 1 where that rounding lifts the factor above
+    gamma (float64 rollouts with float32 flags and ``tau = 1``)."""
+    flag_dtype = flags.dtype if flags.is_floating_point() or flags.is_complex() else torch.get_default_dtype()
     if flag_dtype == dtype or gamma == 0:
         return tau
+    return _rounded_trace_factor(gamma, tau, flag_dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _rounded_trace_factor(gamma: float, tau: float, flag_dtype: torch.dtype) -> float:
+    """``gamma * tau`` rounded to ``flag_dtype``, over ``gamma``: formed once per (gamma, tau,
+    dtype), so that a call reads nothing back from a tensor."""
     return torch.tensor(gamma * tau, dtype=flag_dtype).item() / gamma
 
 
@@ -132,7 +139,7 @@ def _advantages(agent, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb
     T, N, K = mb_rewards.shape
 
     def heads(x):
-        return x.unsqueeze(-1).expand(*x.shape, K).reshape(*x.shape[:-1], N * K)
+        return x if K == 1 else x.unsqueeze(-1).expand(*x.shape, K).reshape(*x.shape[:-1], N * K)
 
     if isinstance(lmbda, torch.Tensor):
         lmbda = heads(lmbda)
