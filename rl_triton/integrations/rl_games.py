@@ -42,7 +42,7 @@ import threading
 import torch
 
 from .. import affine_scan, gae
-from ._patching import PatchState, error_of, requires_framework
+from ._patching import PatchState, error_of, requires_framework, rounded
 
 # the agent classes (AGENTS) are module attributes made on first access, not listed here
 __all__ = ["AGENTS", "FusedDiscount", "METHODS", "RL_GAMES_VERSION", "discount_values", "discount_values_masks",
@@ -98,14 +98,7 @@ def _trace_factor(gamma: float, tau: float, flags: torch.Tensor, dtype: torch.dt
     flag_dtype = flags.dtype if flags.is_floating_point() or flags.is_complex() else torch.get_default_dtype()
     if flag_dtype == dtype or gamma == 0:
         return tau
-    return _rounded_trace_factor(gamma, tau, flag_dtype)
-
-
-@functools.lru_cache(maxsize=64)
-def _rounded_trace_factor(gamma: float, tau: float, flag_dtype: torch.dtype) -> float:
-    """``gamma * tau`` rounded to ``flag_dtype``, over ``gamma``: formed once per (gamma, tau,
-    dtype), so that a call reads nothing back from a tensor."""
-    return torch.tensor(gamma * tau, dtype=flag_dtype).item() / gamma
+    return rounded(gamma * tau, flag_dtype) / gamma
 
 
 def _advantages_by_steps(gamma, tau, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb_masks):
