@@ -280,7 +280,7 @@ def trl(T, N):
         return frameworks.verl_masked_whiten(adv, ~padding).masked_fill(padding, 0), returns
 
     return Row(theirs, lambda: rt_trl.compute_advantages(rewards, values, padding, GAMMA, LAM),
-               "trl 0.x transcribed (OpenRLHF's loop, masked_whiten)")
+               "trl 1.12 PPOTrainer transcribed")
 
 
 def cleanrl(T, N):
