@@ -66,8 +66,16 @@ def _version(name: str) -> str:
 
 
 def _data(seed=0):
+    """(a seeded generator, randn(*shape), flags(*shape, p): true with probability p) on it."""
     g = torch.Generator().manual_seed(seed)
-    return g, (lambda *shape: torch.randn(*shape, generator=g)), (lambda *shape, p=0.05: torch.rand(*shape, generator=g) < p)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g)
+
+    def flags(*shape, p=0.05):
+        return torch.rand(*shape, generator=g) < p
+
+    return g, randn, flags
 
 
 def rl_games(T, N):
@@ -132,7 +140,8 @@ def rsl_rl(T, N):
 
     def ppo():
         torch.manual_seed(0)
-        actor = MLPModel(obs, groups, "actor", 2, hidden_dims=[8], distribution_cfg={"class_name": "GaussianDistribution"})
+        actor = MLPModel(obs, groups, "actor", 2, hidden_dims=[8],
+                         distribution_cfg={"class_name": "GaussianDistribution"})
         critic = MLPModel(obs, groups, "critic", 1, hidden_dims=[8])
         algo = PPO(actor, critic, RolloutStorage("rl", N, T, obs, [2], "cpu"), gamma=GAMMA, lam=LAM)
         st = algo.storage
@@ -288,7 +297,8 @@ def cleanrl(T, N):
 
     _, randn, flags = _data()
     args = (randn(T, N), randn(T, N), flags(T, N).float(), randn(1, N), flags(N).float(), GAMMA, LAM)
-    return Row(lambda: frameworks.cleanrl_gae(*args), lambda: rt_cleanrl.compute_gae(*args), "cleanrl ppo.py transcribed")
+    return Row(lambda: frameworks.cleanrl_gae(*args), lambda: rt_cleanrl.compute_gae(*args),
+               "cleanrl ppo.py transcribed")
 
 
 # row name -> (the framework's call, the builder)

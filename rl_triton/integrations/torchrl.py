@@ -552,8 +552,9 @@ def patch() -> None:
 
 def unpatch() -> None:
     """Withdraw ``patch()``. TorchRL's own function objects (the same objects) and registry
-    entries (the classes and default kwargs found by ``patch()``) are back at once, or, while ``patched()`` blocks are open (in any thread), when the
-    last of them closes. Idempotent. Thread-safe."""
+    entries (the classes and default kwargs found by ``patch()``) are back at once, or, while
+    ``patched()`` blocks are open (in any thread), when the last of them closes. Idempotent.
+    Thread-safe."""
     _state.unpatch()
 
 
