@@ -306,3 +306,18 @@ def test_ppo_trains_the_same(tmp_path, monkeypatch, capsys, value_size):
     assert len(calls) == 4
     for a, b in zip(patched, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_repeated_calls_read_no_tensor_back(monkeypatch):
+    """The rounded trace factor (float64 rollouts, float32 flags, tau = 1) is formed once per
+    (gamma, tau, flag dtype): a repeated call reads no tensor back to the host."""
+    agent, args, masks = _rollout(16, 8, 1, torch.float64, 9)
+    agent.gamma, agent.tau = 0.971, 1.0
+    first = rt_rl_games.discount_values(agent, *args)
+    reads = []
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: reads.append(self) or item(self))
+    again = rt_rl_games.discount_values(agent, *args)
+    assert reads == []
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    torch.testing.assert_close(again, ORIGINALS["discount_values"](agent, *args), rtol=0, atol=0)

@@ -328,3 +328,19 @@ def test_drop_ins_need_no_framework():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-2000:]
     assert "skrl 2.1.1 transcribed, rl-games 1.6.5 transcribed" in done.stdout
+
+
+def test_repeated_calls_read_no_tensor_back(monkeypatch):
+    """skrl's loop discounts by the factor rounded to torch's default dtype; the drop-in forms
+    that number once per (factor, dtype), so a repeated call reads no tensor back to the host."""
+    rewards, values, last_values, terminated, truncated = _rollout(16, 8, torch.float64, 3)
+    kw = dict(rewards=rewards, terminated=terminated, truncated=truncated, values=values,
+              last_values=last_values, discount_factor=0.973, lambda_coefficient=0.9)
+    first = rt_skrl.compute_gae(**kw)
+    reads = []
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: reads.append(self) or item(self))
+    again = rt_skrl.compute_gae(**kw)
+    assert reads == []
+    _close(again, first, torch.float64)
+    _close(again, ORIGINALS[rt_skrl.FEED_FORWARD[2]](**kw), torch.float64)

@@ -554,11 +554,13 @@ def test_vtrace_class_matches_torchrl(kwargs):
 # ---------------------------------------------------------------------------------------------
 
 def _registry_snapshot():
-    return dict(obj_utils._VALUE_ESTIMATOR_REGISTRY)
+    """Every built-in estimator's registry entry, read through TorchRL's public lookup, as
+    (class, default kwargs)."""
+    entries = {key: obj_utils.get_value_estimator_entry(key) for key in ValueEstimators}
+    return {key: (entry.cls, entry.default_kwargs) for key, entry in entries.items()}
 
 
 def test_patch_unpatch_round_trip():
-    obj_utils._ensure_builtin_value_estimators_registered()
     before_globals = {name: getattr(tadv, name) for name in rtt._OURS}
     before_registry = _registry_snapshot()
     functional_before = {name: getattr(tfn, name) for name in NAMES}
@@ -568,21 +570,19 @@ def test_patch_unpatch_round_trip():
     assert rtt.is_patched()
     for name in rtt._OURS:
         assert getattr(tadv, name) is getattr(rtt, name)
-    reg = obj_utils._VALUE_ESTIMATOR_REGISTRY
-    assert reg[ValueEstimators.GAE].cls is rtt.GAE
-    assert reg[ValueEstimators.TDLambda].cls is rtt.TDLambdaEstimator
-    assert reg[ValueEstimators.TD1].cls is rtt.TD1Estimator
-    assert reg[ValueEstimators.VTrace].cls is rtt.VTrace
-    assert reg[ValueEstimators.GAE].default_kwargs == before_registry[ValueEstimators.GAE].default_kwargs
+    reg = _registry_snapshot()
+    assert reg[ValueEstimators.GAE][0] is rtt.GAE
+    assert reg[ValueEstimators.TDLambda][0] is rtt.TDLambdaEstimator
+    assert reg[ValueEstimators.TD1][0] is rtt.TD1Estimator
+    assert reg[ValueEstimators.VTrace][0] is rtt.VTrace
+    assert all(reg[k][1] == before_registry[k][1] for k in reg)  # TorchRL's default kwargs kept
     assert {name: getattr(tfn, name) for name in NAMES} == functional_before  # functional untouched
     rtt.unpatch()
     rtt.unpatch()
     assert not rtt.is_patched()
     for name, fn in before_globals.items():
         assert getattr(tadv, name) is fn
-    after = _registry_snapshot()
-    assert after.keys() == before_registry.keys()
-    assert all(after[k] is before_registry[k] for k in after)
+    assert _registry_snapshot() == before_registry  # TorchRL's classes and default kwargs
     with rtt.patched():
         assert rtt.is_patched()
         with rtt.patched():
@@ -688,7 +688,7 @@ def test_classes_do_not_change_plain_torchrl_in_other_threads():
 
 def _routes_ours():
     return (rtt.is_patched() and tadv.vec_generalized_advantage_estimate is rtt.vec_generalized_advantage_estimate
-            and obj_utils._VALUE_ESTIMATOR_REGISTRY[ValueEstimators.GAE].cls is rtt.GAE)
+            and obj_utils.get_value_estimator_entry(ValueEstimators.GAE).cls is rtt.GAE)
 
 
 def test_patched_blocks_nest_across_threads():
@@ -716,13 +716,11 @@ def test_patch_and_unpatch_inside_patched_blocks():
 
 
 def test_patch_state_under_concurrent_use():
-    obj_utils._ensure_builtin_value_estimators_registered()
     registry_before = _registry_snapshot()
     assert not concurrent_patch_use(rtt.patched, rtt.patch, rtt.unpatch, _routes_ours, rounds=50)
     assert not rtt.is_patched()
     _assert_globals_original()
-    after = _registry_snapshot()
-    assert after.keys() == registry_before.keys() and all(after[k] is registry_before[k] for k in after)
+    assert _registry_snapshot() == registry_before
 
 
 def _ppo_loss():

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import sys
 import threading
+
+import torch
 
 _EXPLICIT = object()  # the holder key of patch()
 
@@ -107,3 +110,11 @@ def error_of(fn, args, kwargs):
     except Exception as error:
         return error
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def rounded(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to ``dtype``, as a Python number: what a framework's loop computes with
+    where it puts the number into a tensor of that dtype first. Formed once per (value, dtype),
+    so that a drop-in's repeated call reads nothing back from a tensor."""
+    return torch.tensor(value, dtype=dtype).item()

@@ -42,7 +42,7 @@ import threading
 import torch
 
 from .. import affine_scan, gae
-from ._patching import PatchState, error_of, requires_framework
+from ._patching import PatchState, error_of, requires_framework, rounded
 
 # the agent classes (AGENTS) are module attributes made on first access, not listed here
 __all__ = ["AGENTS", "FusedDiscount", "METHODS", "RL_GAMES_VERSION", "discount_values", "discount_values_masks",
@@ -92,13 +92,13 @@ def _fused_form(agent, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb
 
 def _trace_factor(gamma: float, tau: float, flags: torch.Tensor, dtype: torch.dtype) -> float:
     """lmbda for rl_triton such that gamma * lmbda is rl_games' trace factor: the loop multiplies
-    ``gamma * tau`` by the flags' ``1 - done`` first, a tensor of the flags' float dtype. Above 1
-    where that rounding lifts the factor above gamma (float64 rollouts with float32 flags and
-    ``tau = 1``)."""
-    flag_dtype = torch.result_type(flags, 1.0)
+    ``gamma * tau`` by the flags' ``1 - done`` first, a tensor of the flags' float dtype (torch's
+    default float dtype for integer flags). Above 1 where that rounding lifts the factor above
+    gamma (float64 rollouts with float32 flags and ``tau = 1``)."""
+    flag_dtype = flags.dtype if flags.is_floating_point() or flags.is_complex() else torch.get_default_dtype()
     if flag_dtype == dtype or gamma == 0:
         return tau
-    return torch.tensor(gamma * tau, dtype=flag_dtype).item() / gamma
+    return rounded(gamma * tau, flag_dtype) / gamma
 
 
 def _advantages_by_steps(gamma, tau, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb_masks):
@@ -132,7 +132,7 @@ def _advantages(agent, fdones, last_values, mb_fdones, mb_values, mb_rewards, mb
     T, N, K = mb_rewards.shape
 
     def heads(x):
-        return x.unsqueeze(-1).expand(*x.shape, K).reshape(*x.shape[:-1], N * K)
+        return x if K == 1 else x.unsqueeze(-1).expand(*x.shape, K).reshape(*x.shape[:-1], N * K)
 
     if isinstance(lmbda, torch.Tensor):
         lmbda = heads(lmbda)

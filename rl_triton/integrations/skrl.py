@@ -45,7 +45,7 @@ import torch
 
 from .. import gae, masked_whiten
 from ..core.docstrings import documented
-from ._patching import PatchState, error_of, requires_framework
+from ._patching import PatchState, error_of, requires_framework, rounded
 
 # the agent classes (AGENTS) are module attributes made on first access, not listed here
 __all__ = ["AGENTS", "FEED_FORWARD", "FusedUpdate", "RECURRENT", "SKRL_VERSION", "compute_gae", "compute_gae_rnn",
@@ -114,7 +114,7 @@ def _gae_normalized(rewards, values, done, last_values, gamma, lmbda):
     if isinstance(gamma, (int, float)) and not isinstance(gamma, bool):
         # skrl multiplies the bool flags by the factor first, which gives a tensor of torch's
         # default dtype: its loop discounts by the factor rounded to that dtype
-        gamma = torch.tensor(float(gamma), dtype=torch.get_default_dtype()).item()
+        gamma = rounded(float(gamma), torch.get_default_dtype())
     # one call, the normalisation fused, where skrl's returns are the value targets it forms
     fused = v is values and not (torch.is_grad_enabled() and any(x.requires_grad for x in (rewards, values, boot)))
     shape = rewards.shape

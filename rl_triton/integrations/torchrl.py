@@ -508,7 +508,7 @@ _REGISTERED = {
     _obj_utils.ValueEstimators.TD1: TD1Estimator,
     _obj_utils.ValueEstimators.VTrace: VTrace,
 }
-_saved_registry = {}  # TorchRL's registry entries while patched (None: there was none)
+_saved_registry = {}  # TorchRL's registry entries while patched: key -> (class, default kwargs)
 
 
 def _set_globals(table) -> None:
@@ -516,24 +516,21 @@ def _set_globals(table) -> None:
         setattr(_adv, name, fn)
 
 
+def _register(key, cls, defaults) -> None:
+    _obj_utils.register_value_estimator(key, default_kwargs=defaults)(cls)
+
+
 def _apply() -> None:
-    _obj_utils._ensure_builtin_value_estimators_registered()
-    registry = _obj_utils._VALUE_ESTIMATOR_REGISTRY
     for key, cls in _REGISTERED.items():
-        entry = registry.get(key)
-        _saved_registry[key] = entry
-        defaults = entry.default_kwargs if entry is not None else _obj_utils._BUILTIN_VALUE_ESTIMATOR_DEFAULTS[key]
-        registry[key] = _obj_utils._ValueEstimatorRegistryEntry(cls, defaults)
+        entry = _obj_utils.get_value_estimator_entry(key)  # registers TorchRL's built-in classes first
+        _saved_registry[key] = (entry.cls, entry.default_kwargs)
+        _register(key, cls, entry.default_kwargs)
     _set_globals(_OURS)
 
 
 def _restore() -> None:
-    registry = _obj_utils._VALUE_ESTIMATOR_REGISTRY
-    for key, entry in _saved_registry.items():
-        if entry is None:
-            registry.pop(key, None)
-        else:
-            registry[key] = entry
+    for key, (cls, defaults) in _saved_registry.items():
+        _register(key, cls, defaults)
     _saved_registry.clear()
     _set_globals(_ORIGINAL)
 
@@ -554,9 +551,10 @@ def patch() -> None:
 
 
 def unpatch() -> None:
-    """Withdraw ``patch()``. TorchRL's own function objects and registry entries (the same
-    objects) are back at once, or, while ``patched()`` blocks are open (in any thread), when the
-    last of them closes. Idempotent. Thread-safe."""
+    """Withdraw ``patch()``. TorchRL's own function objects (the same objects) and registry
+    entries (the classes and default kwargs found by ``patch()``) are back at once, or, while
+    ``patched()`` blocks are open (in any thread), when the last of them closes. Idempotent.
+    Thread-safe."""
     _state.unpatch()
 
 
