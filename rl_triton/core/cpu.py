@@ -1010,10 +1010,10 @@ def run(algo: spec.Algorithm, dtype: torch.dtype, args, outs) -> None:
 # Tianshou's layout: every field one 1-D array in buffer order, the episodes of all environments
 # one after another, an end flag after the last step of each. An end cuts the trace, so the
 # stretches between chosen ends are independent: FLAT_LANES of them advance together in one
-# loop (four dependency chains in flight instead of one: a step's multiply-add waits on the
-# previous step, which leaves the core idle between steps of one chain), and with threads each
-# thread takes FLAT_LANES stretches of its own.
-FLAT_LANES = 4
+# loop (eight dependency chains in flight instead of one: a step's multiply-add waits on the
+# previous step's, which leaves the core idle between the steps of one chain), and with threads
+# each thread takes FLAT_LANES stretches of its own.
+FLAT_LANES = 8
 _flat_compiled: dict = {}
 
 
@@ -1065,12 +1065,16 @@ def flat_flags(indices, terminated, truncated, slot_off, slot_end, ends, keep):
     return -1
 
 
-def _flat_step(r, v, nv, m, e, gamma, gl, acc):
-    """One step of :func:`gae_flat`, in float64: delta = r + nv * m * gamma - v, then
-    A = delta where the step ends an episode or gl = gamma * lambda is 0 (the carried A is not
+def _flat_delta(r, v, nv, m, gamma):
+    """delta = r + nv * m * gamma - v in float64 (each input widened first), as Tianshou's loop
+    forms it from its masked next values."""
+    return r * 1.0 + nv * 1.0 * m * gamma - v * 1.0
+
+
+def _flat_carry(delta, e, gl, acc):
+    """A = delta where the step ends an episode or gl = gamma * lambda is 0 (the carried A is not
     read), else delta + gl * A."""
-    d = r * 1.0 + nv * 1.0 * m * gamma - v * 1.0
-    return d if e != 0 or gl == 0.0 else d + gl * acc
+    return delta if e != 0 or gl == 0.0 else delta + gl * acc
 
 
 def gae_flat(rewards, values, next_values, next_mask, ends, bounds, gamma, lmbda, targets, advantages,
@@ -1083,38 +1087,34 @@ def gae_flat(rewards, values, next_values, next_mask, ends, bounds, gamma, lmbda
 
     with ``m`` the 0/1 ``next_mask`` (a product, so NaN * 0 stays NaN, as a framework that masks
     its next values by multiplying has it). The stretches of ``bounds`` (:func:`flat_bounds`,
-    ``FLAT_LANES`` per thread: bounds has ``FLAT_LANES * groups + 1`` entries) must each end at
-    an end flag or at the last step; groups of FLAT_LANES stretches run on the threads."""
+    ``FLAT_LANES * groups + 1`` entries) must each end at an end flag or at the last step; each
+    group of FLAT_LANES stretches is one task of the threads. A task forms its TD errors in one
+    pass (in vector lanes), runs the recurrence over its stretches together, then adds the
+    values. Unsigned indices throughout: numba adds no negative-index wraparound to them."""
     gl = gamma * lmbda
-    groups = (bounds.shape[0] - 1) // FLAT_LANES
-    for g in prange(groups):
-        # unsigned indices: numba adds no negative-index wraparound to them
-        lo0, hi0, hi1, hi2, hi3 = bounds[4 * g], bounds[4 * g + 1], bounds[4 * g + 2], bounds[4 * g + 3], \
-            bounds[4 * g + 4]
-        common = min(min(hi0 - lo0, hi1 - hi0), min(hi2 - hi1, hi3 - hi2))
-        a0, a1, a2, a3 = 0.0, 0.0, 0.0, 0.0
+    L = FLAT_LANES
+    for g in prange((bounds.shape[0] - 1) // L):
+        first, last = np.uint64(bounds[g * L]), np.uint64(bounds[(g + 1) * L])
+        for i in range(first, last):
+            advantages[i] = _c_flat_delta(rewards[i], values[i], next_values[i], next_mask[i], gamma)
+        common = bounds[g * L + 1] - bounds[g * L]
+        for lane in range(1, L):
+            common = min(common, bounds[g * L + lane + 1] - bounds[g * L + lane])
+        acc = np.zeros(L)
         for j in range(1, common + 1):
-            i0, i1, i2, i3 = np.uint64(hi0 - j), np.uint64(hi1 - j), np.uint64(hi2 - j), np.uint64(hi3 - j)
-            a0 = _c_flat_step(rewards[i0], values[i0], next_values[i0], next_mask[i0], ends[i0], gamma, gl, a0)
-            a1 = _c_flat_step(rewards[i1], values[i1], next_values[i1], next_mask[i1], ends[i1], gamma, gl, a1)
-            a2 = _c_flat_step(rewards[i2], values[i2], next_values[i2], next_mask[i2], ends[i2], gamma, gl, a2)
-            a3 = _c_flat_step(rewards[i3], values[i3], next_values[i3], next_mask[i3], ends[i3], gamma, gl, a3)
-            advantages[i0], advantages[i1], advantages[i2], advantages[i3] = a0, a1, a2, a3
-            if targets:
-                value_targets[i0] = a0 + values[i0]
-                value_targets[i1] = a1 + values[i1]
-                value_targets[i2] = a2 + values[i2]
-                value_targets[i3] = a3 + values[i3]
-        # the rest of each stretch, one by one
-        for lane in range(FLAT_LANES):
-            lo, hi = bounds[4 * g + lane], bounds[4 * g + lane + 1]
-            acc = (a0, a1, a2, a3)[lane]
-            for j in range(common + 1, hi - lo + 1):
-                i = np.uint64(hi - j)
-                acc = _c_flat_step(rewards[i], values[i], next_values[i], next_mask[i], ends[i], gamma, gl, acc)
-                advantages[i] = acc
-                if targets:
-                    value_targets[i] = acc + values[i]
+            for lane in range(L):
+                i = np.uint64(bounds[g * L + lane + 1] - j)
+                acc[lane] = _c_flat_carry(advantages[i], ends[i], gl, acc[lane])
+                advantages[i] = acc[lane]
+        for lane in range(L):  # the rest of each stretch, one by one
+            x = acc[lane]
+            for j in range(common + 1, bounds[g * L + lane + 1] - bounds[g * L + lane] + 1):
+                i = np.uint64(bounds[g * L + lane + 1] - j)
+                x = _c_flat_carry(advantages[i], ends[i], gl, x)
+                advantages[i] = x
+        if targets:
+            for i in range(first, last):
+                value_targets[i] = advantages[i] + values[i]
 
 
 def _flat_kernels(parallel: bool):
@@ -1123,8 +1123,8 @@ def _flat_kernels(parallel: bool):
     if parallel not in _flat_compiled:
         if not available():
             raise RuntimeError("the numba backend needs numba: pip install -e '.[cpu]'")
-        global _c_flat_step
-        _c_flat_step = _inline(_flat_step)
+        global _c_flat_delta, _c_flat_carry
+        _c_flat_delta, _c_flat_carry = _inline(_flat_delta), _inline(_flat_carry)
         bounds = nb.njit(cache=True, nogil=True)(flat_bounds)
         kernel = nb.njit(cache=True, nogil=True, parallel=parallel)(
             _renamed(gae_flat, "_parallel") if parallel else gae_flat)
