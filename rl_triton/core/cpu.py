@@ -1161,7 +1161,8 @@ def gae_flat_run(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarra
     parallel = threads > 1
     find_bounds, kernel, _ = _flat_kernels(parallel)
     flags = ends.view(np.uint8)
-    mask = _constant(1, np.uint8, (n,)) if next_mask is None else next_mask.view(np.uint8)
+    # a contiguous mask of ones, not a stride-0 one: the TD-error pass then runs in vector lanes
+    mask = np.ones(n, np.uint8) if next_mask is None else next_mask.view(np.uint8)
     bounds = np.empty(FLAT_LANES * max(1, threads) + 1, np.int64)
     find_bounds(flags, bounds.shape[0] - 1, bounds)
     advantages = np.empty(n)
