@@ -81,6 +81,21 @@ def test_torch_path_keeps_tensors_on_their_device():
     np.testing.assert_array_equal(ours.numpy(), ORIGINAL_GAE(v_s, v_s_, rew, end, 0.99, 0.95))
 
 
+def test_tensor_route_without_numba(monkeypatch):
+    # the route of values on a CUDA device (rl_triton.gae on their tensors), which a host without
+    # numba takes too: run here on CPU tensors with the numba backend reported missing
+    monkeypatch.setattr(rt_ts._cpu, "available", lambda: False)
+    v_s, v_s_, rew, end = _flat(300, np.float32, 6)
+    ours = rt_ts.gae_advantages(*(torch.from_numpy(x) for x in (v_s, v_s_, rew, end)), 0.99, 0.95)
+    assert isinstance(ours, torch.Tensor) and ours.dtype == torch.float64
+    np.testing.assert_array_equal(ours.numpy(), ORIGINAL_GAE(v_s, v_s_, rew, end, 0.99, 0.95))
+    buf, batch, indices = _buffer(3, 50, 8)
+    v_s_, v_s = np.random.default_rng(5).standard_normal((2, len(indices))).astype(np.float32)
+    _both(batch, buf, indices, torch.from_numpy(v_s_), torch.from_numpy(v_s), gamma=0.97, gae_lambda=0.9)
+    _both(batch, buf, indices, v_s_, None, gamma=0.97, gae_lambda=0.9)
+    _both(batch, buf, indices, gamma=0.95, gae_lambda=1.0)
+
+
 def _buffer(n_envs, steps, seed, p_term=0.03, p_trunc=0.02):
     """A real VectorReplayBuffer filled by ``add`` as a collector fills it, some episodes of each
     env still unfinished at the end; returns (buffer, batch, indices)."""
