@@ -1,10 +1,11 @@
 """Tianshou integration against the real Tianshou 2.0.1 (.ci/run's classic stage installs it):
 the same advantages as Tianshou's numba ``_gae`` (float32 and float64 inputs, its end flags,
-bit for bit, also where the host path splits the buffer into rows), the same returns and
+element for element, also on several threads wherever the ends fall), the same returns and
 advantages as ``Algorithm.compute_episodic_return`` on a real ``VectorReplayBuffer`` with
-unfinished episodes (GAE, next values only, and the Monte Carlo path), the float64 oracle, the
-patch contract, an A2C update through the patch, the CUDA path's function on CPU tensors, and
-the benchmark's logic at a tiny size."""
+unfinished episodes (GAE, next values only, and the Monte Carlo path; negative indices, integer
+flags and a replaced ``value_mask``), the float64 oracle, the patch contract, an A2C update
+through the patch, the tensor route of CUDA values on CPU tensors, and the benchmark's logic at
+a tiny size."""
 
 from __future__ import annotations
 
