@@ -53,8 +53,9 @@ Array = Union[np.ndarray, torch.Tensor]  # a 1-D numpy array or tensor
 TIANSHOU_VERSION = "2.0.1"  # the version these drop-ins were written and checked against
 # From this many steps on, with two or more numba threads, the host path spreads its stretches
 # over the threads. The threshold is high: on the loaded 2-core machine of docs/tianshou.md a
-# parallel region cost more than it saved at 1M steps (the one-thread kernel walks 1M steps in
-# about 2 ms; the region's wait for its second thread took 4-10 ms), so below it one thread runs
+# numba parallel region cost more than it saved at 1M steps (8-12 ms median on two threads
+# against 2.1-2.5 ms on one: the region waits for a thread the other jobs hold), so below it
+# one thread runs
 SPLIT_MIN_STEPS = 1 << 22
 
 
