@@ -91,6 +91,8 @@ def test_bad_arguments_name_themselves():
         cpu.gae_flat_run(r, v, nv, mask, ends.astype(np.int64), 0.99, 0.95)
     with pytest.raises(TypeError, match="slot_end"):
         cpu.flat_flags_run(np.arange(10), ends, ends, ends, ends.astype(np.int8))
+    with pytest.raises(TypeError, match="indices"):
+        cpu.flat_flags_run(np.arange(10, dtype=np.uint64), ends, ends, ends, ends)
 
 
 @pytest.mark.parametrize("shift", [0, -4])

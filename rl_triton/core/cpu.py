@@ -1005,7 +1005,6 @@ def run(algo: spec.Algorithm, dtype: torch.dtype, args, outs) -> None:
     Launch(algo, dtype, args, outs).launch(args, outs)
 
 
-
 # -- GAE over one flat buffer cut at its end flags ---------------------------------------------
 # Tianshou's layout: every field one 1-D array in buffer order, the episodes of all environments
 # one after another, an end flag after the last step of each. An end cuts the trace, so the
@@ -1183,13 +1182,13 @@ def flat_flags_run(indices: np.ndarray, terminated: np.ndarray, truncated: np.nd
     outside [-L, L) (the caller's own indexing then says what is wrong).
 
     Args:
-        indices: 1-D integer array, the batch's slots in the buffer.
+        indices: 1-D signed integer array, the batch's slots in the buffer.
         terminated, truncated: 1-D bool arrays of the batch (``indices``' length).
         slot_off: bool array over the buffer's L slots; keep[i] is its negation at slot indices[i].
         slot_end: bool array of the same length; a set slot ends the step's episode.
     """
-    if indices.dtype.kind not in "iu":
-        raise TypeError(f"indices must be integers, got {indices.dtype}")
+    if indices.dtype.kind != "i":
+        raise TypeError(f"indices must be signed integers, got {indices.dtype}")
     for name, x in (("terminated", terminated), ("truncated", truncated), ("slot_off", slot_off),
                     ("slot_end", slot_end)):
         if x.dtype != np.bool_ or x.ndim != 1:

@@ -236,7 +236,7 @@ def _flags(batch, buffer, indices, masked: bool):
     term, trunc, slots = batch.terminated, batch.truncated, getattr(buffer, "terminated", None)
     if _cpu.available() and all(isinstance(x, np.ndarray) and x.dtype == np.bool_ and x.ndim == 1
                                 for x in (term, trunc, slots)) \
-            and isinstance(indices, np.ndarray) and indices.dtype.kind in "iu" and indices.shape == term.shape \
+            and isinstance(indices, np.ndarray) and indices.dtype.kind == "i" and indices.shape == term.shape \
             and trunc.shape == term.shape and (not masked or _stock_value_mask()):
         table = _unfinished_table(np.asarray(buffer.unfinished_index()), slots.shape[0])
         flags = None if table is None else _cpu.flat_flags_run(indices, term, trunc, slots, table)
