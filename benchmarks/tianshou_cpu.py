@@ -6,10 +6,10 @@ The input is what an A2C/PPO update hands them: a real ``VectorReplayBuffer`` of
 environments filled by ``add`` (episodes of about 200 steps, terminated or truncated, the last
 episode of each environment unfinished), the whole buffer as the batch, float32 values from the
 critic (``v_s``, ``v_s_``) and the buffer's float64 rewards; gamma=0.99, gae_lambda=0.95. Each
-drop-in is first checked against Tianshou's function on that input (bit for bit: both run in
-float64; the script exits 1 on a disagreement), then the implementations take turns in --rounds
-rounds (benchmarks/common.py): each cell is the median time per call over the rounds with the
-lowest-highest round, and the speed-ups are taken within each round. numba's and torch's thread
+drop-in is first checked against Tianshou's function on that input (element for element:
+both run in float64; the script exits 1 on a disagreement), then the implementations take turns
+in --rounds rounds (benchmarks/common.py): each cell is the median time per call over the rounds
+with the lowest-highest round, and the speed-ups are taken within each round. numba's and torch's thread
 counts are the machine's unless --threads is given.
 
     python benchmarks/tianshou_cpu.py                       # 100k and 1M transitions

@@ -1,10 +1,11 @@
 """Tianshou integration against the real Tianshou 2.0.1 (.ci/run's classic stage installs it):
 the same advantages as Tianshou's numba ``_gae`` (float32 and float64 inputs, its end flags,
-bit for bit, also where the host path splits the buffer into rows), the same returns and
+element for element, also on several threads wherever the ends fall), the same returns and
 advantages as ``Algorithm.compute_episodic_return`` on a real ``VectorReplayBuffer`` with
-unfinished episodes (GAE, next values only, and the Monte Carlo path), the float64 oracle, the
-patch contract, an A2C update through the patch, the CUDA path's function on CPU tensors, and
-the benchmark's logic at a tiny size."""
+unfinished episodes (GAE, next values only, and the Monte Carlo path; negative indices, integer
+flags and a replaced ``value_mask``), the float64 oracle, the patch contract, an A2C update
+through the patch, the tensor route of CUDA values on CPU tensors, and the benchmark's logic at
+a tiny size."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _flat(n, dtype, seed, p_end=0.02):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n", [1, 7, 1000, 3 * rt_ts.SPLIT_MIN_STEPS + 5])
+@pytest.mark.parametrize("n", [1, 7, 1000, 200_003])
 def test_gae_matches_tianshou_bit_for_bit(dtype, n):
     v_s, v_s_, rew, end = _flat(n, dtype, n)
     theirs = ORIGINAL_GAE(v_s, v_s_, rew, end, 0.99, 0.95)
@@ -50,19 +51,18 @@ def test_gae_matches_tianshou_bit_for_bit(dtype, n):
     np.testing.assert_array_equal(ours, theirs)
 
 
-def test_split_rows_are_exact_and_long_episodes_run_as_one_row(monkeypatch):
-    monkeypatch.setattr(rt_ts, "_numba_threads", lambda: 2)
-    n = 4 * rt_ts.SPLIT_MIN_STEPS
-    v_s, v_s_, rew, end = _flat(n, np.float64, 3)
-    assert rt_ts._layout(end) is not None  # the buffer is read as overlapping rows
+@pytest.mark.parametrize("p_end", [0.0, 1e-5, 0.02, 1.0])
+def test_threads_are_exact_wherever_the_ends_fall(monkeypatch, p_end):
+    # the host path on three threads (the threshold lowered): stretches cut at end flags, also
+    # where there are none (one stretch) or one at every step
+    monkeypatch.setattr(rt_ts, "SPLIT_MIN_STEPS", 1)
+    monkeypatch.setattr(rt_ts, "_numba_threads", lambda: 3)
+    v_s, v_s_, rew, end = _flat(100_000, np.float32, 3, p_end)
     np.testing.assert_array_equal(rt_ts.gae_advantages(v_s, v_s_, rew, end, 0.97, 0.9),
                                   ORIGINAL_GAE(v_s, v_s_, rew, end, 0.97, 0.9))
-    # one end in the whole buffer: no overlap holds one, so the call is one row
-    one_end = np.zeros(n, dtype=bool)
-    one_end[n // 3] = True
-    assert rt_ts._layout(one_end) is None
-    np.testing.assert_array_equal(rt_ts.gae_advantages(v_s, v_s_, rew, one_end, 0.97, 0.9),
-                                  ORIGINAL_GAE(v_s, v_s_, rew, one_end, 0.97, 0.9))
+    buf, batch, indices = _buffer(8, 500, 9)
+    v_s_, v_s = (np.random.default_rng(1).standard_normal((2, len(indices))).astype(np.float32))
+    _both(batch, buf, indices, v_s_, v_s, gamma=0.97, gae_lambda=0.9)
 
 
 def test_gae_matches_the_oracle():
@@ -80,6 +80,21 @@ def test_torch_path_keeps_tensors_on_their_device():
     ours = rt_ts.gae_advantages(*(torch.from_numpy(x) for x in (v_s, v_s_, rew, end)), 0.99, 0.95)
     assert isinstance(ours, torch.Tensor) and ours.dtype == torch.float64 and ours.device.type == "cpu"
     np.testing.assert_array_equal(ours.numpy(), ORIGINAL_GAE(v_s, v_s_, rew, end, 0.99, 0.95))
+
+
+def test_tensor_route_without_numba(monkeypatch):
+    # the route of values on a CUDA device (rl_triton.gae on their tensors), which a host without
+    # numba takes too: run here on CPU tensors with the numba backend reported missing
+    monkeypatch.setattr(rt_ts._cpu, "available", lambda: False)
+    v_s, v_s_, rew, end = _flat(300, np.float32, 6)
+    ours = rt_ts.gae_advantages(*(torch.from_numpy(x) for x in (v_s, v_s_, rew, end)), 0.99, 0.95)
+    assert isinstance(ours, torch.Tensor) and ours.dtype == torch.float64
+    np.testing.assert_array_equal(ours.numpy(), ORIGINAL_GAE(v_s, v_s_, rew, end, 0.99, 0.95))
+    buf, batch, indices = _buffer(3, 50, 8)
+    v_s_, v_s = np.random.default_rng(5).standard_normal((2, len(indices))).astype(np.float32)
+    _both(batch, buf, indices, torch.from_numpy(v_s_), torch.from_numpy(v_s), gamma=0.97, gae_lambda=0.9)
+    _both(batch, buf, indices, v_s_, None, gamma=0.97, gae_lambda=0.9)
+    _both(batch, buf, indices, gamma=0.95, gae_lambda=1.0)
 
 
 def _buffer(n_envs, steps, seed, p_term=0.03, p_trunc=0.02):
@@ -117,6 +132,32 @@ def test_compute_episodic_return_matches_tianshou(dtype):
     _both(batch, buf, indices, v_s_, None, gamma=0.97, gae_lambda=0.9)  # v_s from v_s_ rolled
     _both(batch, buf, indices, torch.from_numpy(v_s_), torch.from_numpy(v_s), gamma=0.97, gae_lambda=0.9)
     _both(batch, buf, indices, v_s_=np.full(len(indices), 0.5, dtype), gamma=0.9, gae_lambda=1.0)  # REINFORCE's
+
+
+def test_flags_of_negative_indices_and_other_flag_dtypes():
+    # Tianshou indexes the buffer with numpy's wraparound (value_mask) and searches the unfinished
+    # slots with np.isin (no wraparound): both kept on the fused flag pass; integer flags take
+    # the numpy route
+    buf, batch, indices = _buffer(3, 40, 12)
+    rng = np.random.default_rng(3)
+    neg = indices - len(buf)  # the same slots, as negative indices
+    v_s_, v_s = rng.standard_normal((2, len(indices)))
+    _both(buf[neg], buf, neg, v_s_, v_s, gamma=0.97, gae_lambda=0.9)
+    ints = buf[indices]
+    ints.terminated = ints.terminated.astype(np.int64)
+    _both(ints, buf, indices, v_s_, v_s, gamma=0.97, gae_lambda=0.9)
+
+
+def test_a_replaced_value_mask_is_called(monkeypatch):
+    # the fused flag pass stands for Tianshou's own value_mask only: a replaced one is called,
+    # as Tianshou calls it
+    buf, batch, indices = _buffer(3, 40, 13)
+    v_s_, v_s = np.random.default_rng(4).standard_normal((2, len(indices)))
+    stock = _both(batch, buf, indices, v_s_, v_s, gamma=0.97, gae_lambda=0.9)
+    monkeypatch.setattr(algorithm_base.Algorithm, "value_mask",
+                        staticmethod(lambda buffer, idx: np.ones(len(idx), dtype=bool)))
+    replaced = _both(batch, buf, indices, v_s_, v_s, gamma=0.97, gae_lambda=0.9)
+    assert not np.array_equal(stock[1], replaced[1])
 
 
 def test_monte_carlo_path_is_the_discounted_return():

@@ -1026,3 +1026,198 @@ def run(algo: spec.Algorithm, dtype: torch.dtype, args, outs) -> None:
     floats are computed in ``dtype``."""
     Launch(algo, dtype, args, outs).launch(args, outs)
 
+
+# -- GAE over one flat buffer cut at its end flags ---------------------------------------------
+# Tianshou's layout: every field one 1-D array in buffer order, the episodes of all environments
+# one after another, an end flag after the last step of each. An end cuts the trace, so the
+# stretches between chosen ends are independent: FLAT_LANES of them advance together in one
+# loop (eight dependency chains in flight instead of one: a step's multiply-add waits on the
+# previous step's, which leaves the core idle between the steps of one chain), and with threads
+# each thread takes FLAT_LANES stretches of its own.
+FLAT_LANES = 8
+_flat_compiled: dict = {}
+
+
+def flat_bounds(ends, pieces, bounds):
+    """Cut ``n = ends.shape[0]`` steps into ``pieces`` stretches ``[bounds[k], bounds[k+1])``:
+    bounds[0] = 0, bounds[pieces] = n, and every other bound is the first step at or after
+    ``k * n // pieces`` (and after the previous bound) that follows an end (``ends[b - 1]``
+    nonzero), or n where none does, so stretches may be empty. One pass over the flags at most."""
+    n = ends.shape[0]
+    bounds[0] = 0
+    for k in range(1, pieces):
+        i = max(k * n // pieces, bounds[k - 1])
+        while i < n and (i == 0 or ends[i - 1] == 0):
+            i += 1
+        bounds[k] = i
+    bounds[pieces] = n
+
+
+def flat_flags(indices, terminated, truncated, slot_off, slot_end, ends, keep):
+    """The flags of a batch drawn from a buffer at ``indices``, in one pass: per step i with
+    slot k = indices[i], ``ends[i] = terminated[i] | truncated[i] | slot_end[k]`` and
+    ``keep[i] = not slot_off[k]`` (``slot_off`` and ``slot_end`` are per-slot bool arrays of the
+    buffer's length L; a negative k reads slot_off[k + L], as numpy indexing does, and counts as no
+    slot_end). Returns -1, or the first i whose slot is outside [-L, L) (the outputs are then
+    incomplete)."""
+    size = slot_off.shape[0]
+    n = indices.shape[0]
+    low, high = 0, 0
+    for i in range(n):  # no early exit: the loop vectorises
+        low = min(low, indices[i])
+        high = max(high, indices[i])
+    if low >= 0 and high < size:  # the common case, without branches in the loop
+        for i in range(n):
+            k = np.uint64(indices[i])  # unsigned: no negative-index wraparound
+            ends[i] = terminated[i] | truncated[i] | slot_end[k]
+            keep[i] = not slot_off[k]
+        return -1
+    for i in range(n):
+        k = indices[i]
+        if k < -size or k >= size:
+            return i
+        at_end = False
+        if k < 0:
+            k += size
+        else:
+            at_end = slot_end[k]
+        ends[i] = terminated[i] | truncated[i] | at_end
+        keep[i] = not slot_off[k]
+    return -1
+
+
+def _flat_delta(r, v, nv, m, gamma):
+    """delta = r + nv * m * gamma - v in float64 (each input widened first), as Tianshou's loop
+    forms it from its masked next values."""
+    return r * 1.0 + nv * 1.0 * m * gamma - v * 1.0
+
+
+def _flat_carry(delta, e, gl, acc):
+    """A = delta where the step ends an episode or gl = gamma * lambda is 0 (the carried A is not
+    read), else delta + gl * A."""
+    return delta if e != 0 or gl == 0.0 else delta + gl * acc
+
+
+def gae_flat(rewards, values, next_values, next_mask, ends, bounds, gamma, lmbda, targets, advantages,
+             value_targets):
+    """GAE over one flat buffer, float64 whatever the inputs' float dtypes:
+
+        A[i] = r[i] + gamma * nv[i] * m[i] - v[i] + gamma * lmbda * A[i+1]   (A[i+1] absent
+               where ends[i] is set, after the last step, and where gamma * lmbda is 0),
+        value_targets[i] = A[i] + v[i]   (written where ``targets`` is True),
+
+    with ``m`` the 0/1 ``next_mask`` (a product, so NaN * 0 stays NaN, as a framework that masks
+    its next values by multiplying has it). The stretches of ``bounds`` (:func:`flat_bounds`,
+    ``FLAT_LANES * groups + 1`` entries) must each end at an end flag or at the last step; each
+    group of FLAT_LANES stretches is one task of the threads. A task forms its TD errors in one
+    pass (in vector lanes), runs the recurrence over its stretches together, then adds the
+    values. Unsigned indices throughout: numba adds no negative-index wraparound to them."""
+    gl = gamma * lmbda
+    L = FLAT_LANES
+    for g in prange((bounds.shape[0] - 1) // L):
+        first, last = np.uint64(bounds[g * L]), np.uint64(bounds[(g + 1) * L])
+        for i in range(first, last):
+            advantages[i] = _c_flat_delta(rewards[i], values[i], next_values[i], next_mask[i], gamma)
+        common = bounds[g * L + 1] - bounds[g * L]
+        for lane in range(1, L):
+            common = min(common, bounds[g * L + lane + 1] - bounds[g * L + lane])
+        acc = np.zeros(L)
+        for j in range(1, common + 1):
+            for lane in range(L):
+                i = np.uint64(bounds[g * L + lane + 1] - j)
+                acc[lane] = _c_flat_carry(advantages[i], ends[i], gl, acc[lane])
+                advantages[i] = acc[lane]
+        for lane in range(L):  # the rest of each stretch, one by one
+            x = acc[lane]
+            for j in range(common + 1, bounds[g * L + lane + 1] - bounds[g * L + lane] + 1):
+                i = np.uint64(bounds[g * L + lane + 1] - j)
+                x = _c_flat_carry(advantages[i], ends[i], gl, x)
+                advantages[i] = x
+        if targets:
+            for i in range(first, last):
+                value_targets[i] = advantages[i] + values[i]
+
+
+def _flat_kernels(parallel: bool):
+    """(flat_bounds, gae_flat, flat_flags) compiled (lazily; numba types each call's dtypes and
+    layouts)."""
+    if parallel not in _flat_compiled:
+        if not available():
+            raise RuntimeError("the numba backend needs numba: pip install -e '.[cpu]'")
+        global _c_flat_delta, _c_flat_carry
+        _c_flat_delta, _c_flat_carry = _inline(_flat_delta), _inline(_flat_carry)
+        bounds = nb.njit(cache=True, nogil=True)(flat_bounds)
+        kernel = nb.njit(cache=True, nogil=True, parallel=parallel)(
+            _renamed(gae_flat, "_parallel") if parallel else gae_flat)
+        _flat_compiled[parallel] = (bounds, kernel, nb.njit(cache=True, nogil=True)(flat_flags))
+    return _flat_compiled[parallel]
+
+
+def gae_flat_run(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray, next_mask: np.ndarray | None,
+                 ends: np.ndarray, gamma: float, lmbda: float, threads: int = 1,
+                 targets: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(advantages, value_targets)`` of :func:`gae_flat` as new float64 arrays (targets None
+    where ``targets`` is False).
+
+    Args:
+        rewards, values, next_values: 1-D float32 or float64 numpy arrays of one length n (any
+            strides, a stride-0 broadcast too).
+        next_mask: 1-D bool or uint8 0/1 array multiplying the next values, or None (all 1).
+        ends: 1-D bool or uint8 0/1 array, nonzero where an episode ends after the step.
+        gamma, lmbda: the discount and the GAE parameter (numbers).
+        threads: threads to spread the stretches over (1: this thread alone, no parallel region).
+        targets: whether to form value_targets = advantages + values.
+    """
+    n = rewards.shape[0]
+    for name, x in (("values", values), ("next_values", next_values), ("ends", ends)) + \
+            ((("next_mask", next_mask),) if next_mask is not None else ()):
+        if x.ndim != 1 or x.shape[0] != n:
+            raise ValueError(f"{name} must be 1-D of the rewards' length {n}, got shape {x.shape}")
+    for name, x in (("rewards", rewards), ("values", values), ("next_values", next_values)):
+        if x.dtype not in (np.float32, np.float64):
+            raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
+    for name, x in (("ends", ends), ("next_mask", next_mask)):
+        if x is not None and x.dtype not in (np.bool_, np.uint8):
+            raise TypeError(f"{name} must be bool or uint8, got {x.dtype}")
+    parallel = threads > 1
+    find_bounds, kernel, _ = _flat_kernels(parallel)
+    flags = ends.view(np.uint8)
+    # a contiguous mask of ones, not a stride-0 one: the TD-error pass then runs in vector lanes
+    mask = np.ones(n, np.uint8) if next_mask is None else next_mask.view(np.uint8)
+    bounds = np.empty(FLAT_LANES * max(1, threads) + 1, np.int64)
+    find_bounds(flags, bounds.shape[0] - 1, bounds)
+    advantages = np.empty(n)
+    value_targets = np.empty(n) if targets else advantages
+    if parallel:
+        with _PARALLEL:
+            kernel(rewards, values, next_values, mask, flags, bounds, float(gamma), float(lmbda), targets, advantages,
+                   value_targets)
+    else:
+        kernel(rewards, values, next_values, mask, flags, bounds, float(gamma), float(lmbda), targets, advantages,
+               value_targets)
+    return advantages, value_targets if targets else None
+
+
+def flat_flags_run(indices: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, slot_off: np.ndarray,
+                   slot_end: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(ends, keep)`` of :func:`flat_flags` as new bool arrays, or None where an index is
+    outside [-L, L) (the caller's own indexing then says what is wrong).
+
+    Args:
+        indices: 1-D signed integer array, the batch's slots in the buffer.
+        terminated, truncated: 1-D bool arrays of the batch (``indices``' length).
+        slot_off: bool array over the buffer's L slots; keep[i] is its negation at slot indices[i].
+        slot_end: bool array of the same length; a set slot ends the step's episode.
+    """
+    if indices.dtype.kind != "i":
+        raise TypeError(f"indices must be signed integers, got {indices.dtype}")
+    for name, x in (("terminated", terminated), ("truncated", truncated), ("slot_off", slot_off),
+                    ("slot_end", slot_end)):
+        if x.dtype != np.bool_ or x.ndim != 1:
+            raise TypeError(f"{name} must be a 1-D bool array, got {x.dtype} of shape {x.shape}")
+    if terminated.shape != indices.shape or truncated.shape != indices.shape or slot_end.shape != slot_off.shape:
+        raise ValueError(f"shapes differ: indices {indices.shape}, terminated {terminated.shape}, truncated "
+                         f"{truncated.shape}, slot_off {slot_off.shape}, slot_end {slot_end.shape}")
+    ends, keep = np.empty(indices.shape[0], np.bool_), np.empty(indices.shape[0], np.bool_)
+    bad = _flat_kernels(False)[2](indices, terminated, truncated, slot_off, slot_end, ends, keep)
+    return None if bad >= 0 else (ends, keep)

@@ -1,6 +1,6 @@
 """Tianshou (written against tianshou 2.0.1): the GAE and the discounted returns of
-``Algorithm.compute_episodic_return`` as fused scans, on the host through numba (the flattened
-buffer cut where episodes end, the pieces on several threads) or on a CUDA device where the
+``Algorithm.compute_episodic_return`` as one fused pass, on the host through numba (the CPU
+backend's flat-buffer GAE, ``rl_triton.core.cpu.gae_flat_run``) or on a CUDA device where the
 values are CUDA tensors.
 
     import rl_triton.integrations.tianshou as rt_tianshou
@@ -24,14 +24,14 @@ the end of the arrays ending the trace, which is ``rl_triton.gae`` with explicit
 and every end a truncation (``next_values=v_s_``, ``truncated=end_flag``). Without values
 (``v_s_`` and ``v_s`` None, lambda 1) the advantages are the discounted returns within episodes,
 ``rl_triton.discounted_return(rew, done=end_flag)``. Tianshou's loop runs in float64 whatever
-the inputs' dtypes (its numba function promotes them), and so do the calls here: float32 inputs
-are converted first, the outputs are float64.
+the inputs' dtypes (its numba function promotes them), and so does the kernel here: it reads
+float32 or float64 arrays as they are and widens each element, the outputs are float64.
 
-The host path is parallel where the buffer allows: the 1-D arrays are read as ``P`` overlapping
-rows of one strided view (no copy), row k from ``k * S`` to ``(k + 1) * S + H``, and each row's
-first ``S`` outputs are kept. A row's kept outputs are exact where an episode ends inside its
-overlap ``H`` (the trace from any kept step is cut before the row's end), which is checked on
-the flags; where it is not so, the call runs as one row.
+On the host one numba pass forms the end flags and the value mask (from the indices, the
+batch's flags and the buffer's slots), and one more forms the advantages and the returns, the
+mask applied and the float32 values widened inside it; the kernel cuts the buffer at end flags
+into stretches that advance together (and, from ``SPLIT_MIN_STEPS`` steps with several numba
+threads, run on the threads). On a device the values' tensors go through ``rl_triton.gae``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from typing import Any, Union
 import numpy as np
 import torch
 
-from .. import discounted_return, gae
+from .. import gae
+from ..core import cpu as _cpu
 from ._patching import PatchState
 
 __all__ = ["TIANSHOU_VERSION", "compute_episodic_return", "gae_advantages", "is_patched", "patch", "patched",
@@ -50,15 +51,12 @@ __all__ = ["TIANSHOU_VERSION", "compute_episodic_return", "gae_advantages", "is_
 
 Array = Union[np.ndarray, torch.Tensor]  # a 1-D numpy array or tensor
 TIANSHOU_VERSION = "2.0.1"  # the version these drop-ins were written and checked against
-# Where the host path splits a buffer into overlapping rows: from SPLIT_MIN_STEPS steps on, with two
-# or more numba threads, into ROWS_PER_THREAD rows per thread, each overlapping the next by OVERLAP
-# steps (doubled up to OVERLAP_MAX while some overlap holds no episode end). The threshold is high:
-# a parallel region waits for every thread, which on a busy machine costs milliseconds (10x the
-# scan of 100k steps, docs/tianshou.md), while one thread walks 256k steps in about a millisecond
-SPLIT_MIN_STEPS = 1 << 18
-ROWS_PER_THREAD = 2
-OVERLAP = 1 << 10
-OVERLAP_MAX = 1 << 16
+# From this many steps on, with two or more numba threads, the host path spreads its stretches
+# over the threads. The threshold is high: on the loaded 2-core machine of docs/tianshou.md a
+# numba parallel region cost more than it saved at 1M steps (8-12 ms median on two threads
+# against 2.1-2.5 ms on one: the region waits for a thread the other jobs hold), so below it
+# one thread runs
+SPLIT_MIN_STEPS = 1 << 22
 
 
 def _numba_threads() -> int:
@@ -69,48 +67,40 @@ def _numba_threads() -> int:
     return numba.get_num_threads()
 
 
-def _layout(end_flag: np.ndarray) -> tuple[int, int, int] | None:
-    """``(P, S, H)``: P rows of S + H steps, row k starting at k * S, where every overlap holds an
-    episode end; None where the buffer is short or no such split is found."""
-    n, threads = end_flag.shape[0], _numba_threads()
-    rows = ROWS_PER_THREAD * threads
-    if n < SPLIT_MIN_STEPS or threads < 2:  # one thread walks one row fastest: no copy of the kept outputs
-        return None
-    overlap = OVERLAP
-    while overlap <= min(OVERLAP_MAX, n // (2 * rows)):
-        stride = (n - overlap) // rows
-        h = n - rows * stride
-        # row k (k < P-1) keeps steps [kS, (k+1)S): exact where a flag is set in [(k+1)S - 1, (k+1)S + H - 1)
-        starts = stride * np.arange(1, rows) - 1
-        window = np.lib.stride_tricks.as_strided(end_flag[starts[0]:], (rows - 1, h),
-                                                 (stride * end_flag.strides[0], end_flag.strides[0]))
-        if window.any(axis=1).all():
-            return rows, stride, h
-        overlap *= 2
-    return None
-
-
-def _rows(x: torch.Tensor, layout) -> torch.Tensor:
-    rows, stride, h = layout
-    return x.as_strided((rows, stride + h), (stride, 1))
-
-
-def _kept(y: torch.Tensor, layout, n: int) -> torch.Tensor:
-    """The flat result from the rows' outputs: row k's first S steps, the last row's overlap
-    (numpy copies on the host: a torch copy there waits on its thread pool)."""
-    rows, stride, h = layout
-    if y.device.type == "cpu":
-        src, out = y.numpy(), np.empty(n, dtype=y.numpy().dtype)
-        out[:rows * stride].reshape(rows, stride)[...] = src[:, :stride]
-        out[rows * stride:] = src[-1, stride:]
-        return torch.from_numpy(out)
-    out = torch.empty(n, dtype=y.dtype, device=y.device)
-    out[:rows * stride].view(rows, stride).copy_(y[:, :stride])
-    out[rows * stride:].copy_(y[-1, stride:])
-    return out
+def _host_threads(n: int) -> int:
+    if n < SPLIT_MIN_STEPS:  # asked first: numba's thread count takes a lock
+        return 1
+    threads = _numba_threads()
+    return threads if threads > 1 else 1
 
 
 _NUMBERS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _on_device(*xs) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in xs)
+
+
+def _host(x, name: str, flags: bool = False) -> np.ndarray:
+    """``x`` (numpy array or CPU tensor) as the 1-D numpy array the flat kernel reads, without a
+    copy where it can: floats as float32 or float64 (others widened to float64, the values
+    Tianshou's numba loop computes with), flags as bool or uint8 0/1."""
+    if isinstance(x, torch.Tensor):
+        if not (x.is_floating_point() or x.dtype in _NUMBERS):
+            raise TypeError(f"{name} must hold real numbers, got {x.dtype}")
+        x = x.detach().reshape(-1)
+        if x.dtype not in (torch.float32, torch.float64, torch.bool, torch.uint8):
+            x = x.to(torch.float64)
+        a = x.numpy()
+    elif isinstance(x, np.ndarray):
+        if x.dtype.kind not in "biuf":
+            raise TypeError(f"{name} must hold real numbers, got {x.dtype}")
+        a = x.reshape(-1)
+    else:
+        raise TypeError(f"{name} must be a numpy array or a torch.Tensor, got {type(x).__name__}")
+    if flags:
+        return a if a.dtype == np.bool_ else a != 0
+    return a if a.dtype in (np.float32, np.float64) else a.astype(np.float64)
 
 
 def _as_tensor(x, name: str, device=None, dtype=torch.float64) -> torch.Tensor:
@@ -133,25 +123,6 @@ def _as_tensor(x, name: str, device=None, dtype=torch.float64) -> torch.Tensor:
     return t if device is None else t.to(device)
 
 
-def _run(fn, tensors: dict, end: torch.Tensor, n_out: int, **kwargs):
-    """The first ``n_out`` outputs of ``fn(**tensors, **kwargs)`` on 1-D tensors, as
-    overlapping rows on the host where ``_layout`` finds them, else as one row."""
-    layout = _layout(end.numpy()) if end.device.type == "cpu" else None
-    if layout is not None:
-        tensors = {k: _rows(v, layout) for k, v in tensors.items()}
-    outs = fn(**tensors, **kwargs)
-    outs = (outs if isinstance(outs, tuple) else (outs,))[:n_out]
-    return outs if layout is None else tuple(_kept(y, layout, end.shape[0]) for y in outs)
-
-
-def _gae_call(rewards, values, next_values, truncated, gamma, lmbda):
-    return gae(rewards, values, next_values=next_values, truncated=truncated, gamma=gamma, lmbda=lmbda)
-
-
-def _return_call(rewards, done, gamma):
-    return discounted_return(rewards, done=done, gamma=gamma)
-
-
 def _check_lengths(**arrays) -> int:
     n = {name: x.shape[0] for name, x in arrays.items()}
     if len(set(n.values())) > 1:
@@ -168,10 +139,16 @@ def _coefficient(x, name: str) -> float:
     return x
 
 
-def _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda, n_out=2):
-    """``(advantages, advantages + v_s)`` as float64 tensors on the values' device (the
-    advantages alone where ``n_out`` is 1)."""
-    gamma, gae_lambda = _coefficient(gamma, "gamma"), _coefficient(gae_lambda, "gae_lambda")
+def _advantages(v_s, v_s_, rew, end_flag, gamma: float, gae_lambda: float, targets: bool = True):
+    """``(advantages, advantages + v_s)``, float64 (the second None where ``targets`` is
+    False): numpy arrays from the flat numba kernel on the host, tensors on the values' device
+    where a value tensor is on one (or where numba is missing)."""
+    if not _on_device(v_s, v_s_) and _cpu.available():
+        v_s_a, v_s_b, rew_a = _host(v_s_, "v_s_"), _host(v_s, "v_s"), _host(rew, "rew")
+        end = _host(end_flag, "end_flag", flags=True)
+        n = _check_lengths(v_s=v_s_b, v_s_=v_s_a, rew=rew_a, end_flag=end)
+        return _cpu.gae_flat_run(rew_a, v_s_b, v_s_a, None, end, gamma, gae_lambda, threads=_host_threads(n),
+                                 targets=targets)
     device = v_s_.device if isinstance(v_s_, torch.Tensor) else (
         v_s.device if isinstance(v_s, torch.Tensor) else None)
     v_s_t = _as_tensor(v_s_, "v_s_", device)
@@ -179,8 +156,8 @@ def _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda, n_out=2):
     rew_t = _as_tensor(rew, "rew", v_s_t.device)
     end = _as_tensor(end_flag, "end_flag", v_s_t.device, dtype=None)
     _check_lengths(v_s=v_st, v_s_=v_s_t, rew=rew_t, end_flag=end)
-    return _run(_gae_call, dict(rewards=rew_t, values=v_st, next_values=v_s_t, truncated=end), end, n_out,
-                gamma=gamma, lmbda=gae_lambda)
+    adv, ret = gae(rew_t, v_st, next_values=v_s_t, truncated=end, gamma=gamma, lmbda=gae_lambda)
+    return adv, ret if targets else None
 
 
 def gae_advantages(v_s: Array, v_s_: Array, rew: Array, end_flag: Array, gamma: float,
@@ -201,14 +178,38 @@ def gae_advantages(v_s: Array, v_s_: Array, rew: Array, end_flag: Array, gamma: 
     Returns a float64 numpy array where the values are numpy arrays, else a float64 tensor on
     the device of the values (``v_s_``'s, else ``v_s``'s: CUDA values are computed there).
     """
-    (adv,) = _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda, n_out=1)
-    return adv if isinstance(v_s_, torch.Tensor) or isinstance(v_s, torch.Tensor) else adv.numpy()
+    gamma, gae_lambda = _coefficient(gamma, "gamma"), _coefficient(gae_lambda, "gae_lambda")
+    adv, _ = _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda, targets=False)
+    tensors = isinstance(v_s_, torch.Tensor) or isinstance(v_s, torch.Tensor)
+    if isinstance(adv, np.ndarray):
+        return torch.from_numpy(adv) if tensors else adv
+    return adv if tensors else adv.numpy()
 
 
 def _value_mask(buffer, indices):
     from tianshou.algorithm.algorithm_base import Algorithm
 
     return Algorithm.value_mask(buffer, indices)
+
+
+def _stock_value_mask() -> bool:
+    """Whether ``Algorithm.value_mask`` is Tianshou's own (``~buffer.terminated[indices]``),
+    which the fused flag pass reproduces; a replaced one is called instead."""
+    from tianshou.algorithm.algorithm_base import Algorithm
+
+    fn = Algorithm.value_mask
+    return getattr(fn, "__module__", None) == "tianshou.algorithm.algorithm_base" \
+        and getattr(fn, "__qualname__", None) == "Algorithm.value_mask"
+
+
+def _unfinished_table(unfinished: np.ndarray, size: int) -> np.ndarray | None:
+    """A bool table over the buffer's ``size`` slots, set at the unfinished episodes' last
+    slots; None where one of them lies outside the slots."""
+    if unfinished.size and (unfinished.min() < 0 or unfinished.max() >= size):
+        return None
+    table = np.zeros(size, dtype=bool)
+    table[unfinished] = True
+    return table
 
 
 def _end_flags(batch, buffer, indices) -> np.ndarray:
@@ -219,15 +220,29 @@ def _end_flags(batch, buffer, indices) -> np.ndarray:
     if unfinished.size:
         indices = np.asarray(indices)
         size = getattr(buffer, "maxsize", 0)
-        if indices.size and indices.dtype.kind in "iu" and size > 0 and unfinished.min() >= 0 \
-                and unfinished.max() < size and indices.min() >= 0 and indices.max() < size:
-            # a table over the buffer's slots instead of a search of every index
-            table = np.zeros(size, dtype=bool)
-            table[unfinished] = True
-            end_flag |= table[indices]
+        table = _unfinished_table(unfinished, size) if size > 0 else None
+        if table is not None and indices.size and indices.dtype.kind in "iu" and indices.min() >= 0 \
+                and indices.max() < size:
+            end_flag |= table[indices]  # a table over the buffer's slots instead of a search of every index
         else:
             end_flag[np.isin(indices, unfinished)] = True
     return end_flag
+
+
+def _flags(batch, buffer, indices, masked: bool):
+    """``(end_flag, value_mask)`` as Tianshou forms them (the mask None where ``masked`` is
+    False): in one numba pass over the batch where the arrays allow (bool flags, integer
+    indices, Tianshou's own ``value_mask``), else by :func:`_end_flags` and ``value_mask``."""
+    term, trunc, slots = batch.terminated, batch.truncated, getattr(buffer, "terminated", None)
+    if _cpu.available() and all(isinstance(x, np.ndarray) and x.dtype == np.bool_ and x.ndim == 1
+                                for x in (term, trunc, slots)) \
+            and isinstance(indices, np.ndarray) and indices.dtype.kind == "i" and indices.shape == term.shape \
+            and trunc.shape == term.shape and (not masked or _stock_value_mask()):
+        table = _unfinished_table(np.asarray(buffer.unfinished_index()), slots.shape[0])
+        flags = None if table is None else _cpu.flat_flags_run(indices, term, trunc, slots, table)
+        if flags is not None:
+            return flags[0], flags[1] if masked else None
+    return _end_flags(batch, buffer, indices), np.asarray(_value_mask(buffer, indices)) if masked else None
 
 
 def compute_episodic_return(batch: Any, buffer: Any, indices: np.ndarray, v_s_: Array | None = None,
@@ -252,30 +267,38 @@ def compute_episodic_return(batch: Any, buffer: Any, indices: np.ndarray, v_s_: 
         gamma: the discount, in [0, 1].
         gae_lambda: the GAE parameter, in [0, 1].
     """
-    rew = batch.rew
     gamma, gae_lambda = _coefficient(gamma, "gamma"), _coefficient(gae_lambda, "gae_lambda")
     if v_s_ is None and not np.isclose(gae_lambda, 1.0):
         raise ValueError(f"without v_s_ the returns are Monte Carlo: gae_lambda must be 1, got {gae_lambda}")
-    end_flag = _end_flags(batch, buffer, indices)
-    if v_s_ is None and v_s is None and gae_lambda == 1.0:
-        rew_t = _as_tensor(rew, "batch.rew")
-        end = torch.from_numpy(end_flag)
-        _check_lengths(rew=rew_t, end_flag=end)
-        (returns,) = _run(_return_call, dict(rewards=rew_t, done=end), end, 1, gamma=gamma)
-        returns = returns.numpy()
-        return returns, returns.copy()
+    end_flag, mask = _flags(batch, buffer, indices, masked=v_s_ is not None)
+    if _on_device(v_s_, v_s) or not _cpu.available():
+        return _episodic_return_tensors(batch.rew, end_flag, mask, v_s_, v_s, gamma, gae_lambda)
+    rew = _host(batch.rew, "batch.rew")
+    # Tianshou's next values: zeros without v_s_, else v_s_ times the mask (the kernel multiplies)
+    v_s_a = np.broadcast_to(np.float64(0.0), rew.shape) if v_s_ is None else _host(v_s_, "v_s_")
+    if mask is not None and (v_s is None or mask.dtype != np.bool_):
+        v_s_a, mask = v_s_a * mask, None
+    v_s_b = np.roll(v_s_a, 1) if v_s is None else _host(v_s, "v_s")
+    n = _check_lengths(rew=rew, v_s_=v_s_a, v_s=v_s_b, end_flag=end_flag)
+    if mask is not None:
+        _check_lengths(rew=rew, value_mask=mask.reshape(-1))
+    advantages, returns = _cpu.gae_flat_run(rew, v_s_b, v_s_a, None if mask is None else mask.reshape(-1), end_flag,
+                                            gamma, gae_lambda, threads=_host_threads(n))
+    return returns, advantages
+
+
+def _episodic_return_tensors(rew, end_flag, mask, v_s_, v_s, gamma, gae_lambda):
+    """:func:`compute_episodic_return` through ``rl_triton.gae`` on tensors: on the values'
+    device (copied back to the host), or on the host where numba is missing."""
     if v_s_ is None:
         v_s_ = np.zeros_like(rew, dtype=np.float64)
+    elif isinstance(v_s_, torch.Tensor):
+        v_s_ = v_s_.detach().flatten() * torch.from_numpy(mask).to(v_s_.device)
     else:
-        mask = _value_mask(buffer, indices)
-        if isinstance(v_s_, torch.Tensor):
-            v_s_ = v_s_.detach().flatten() * torch.from_numpy(np.asarray(mask)).to(v_s_.device)
-        else:
-            v_s_ = np.asarray(v_s_).flatten() * mask
+        v_s_ = np.asarray(v_s_).flatten() * mask
     if v_s is None:
         v_s = torch.roll(v_s_, 1) if isinstance(v_s_, torch.Tensor) else np.roll(v_s_, 1)
     advantages, returns = _advantages(v_s, v_s_, rew, end_flag, gamma, gae_lambda)
-    # Tianshou's contract: numpy arrays (values on a device are computed there, then copied back)
     return returns.cpu().numpy(), advantages.cpu().numpy()
 
 
