@@ -75,8 +75,8 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
         return c.empty_outputs()
     if fused:
         return c.bind(spec.GAE, rewards=c.view(rewards), values=c.view(values), next_values=c.view(next_values),
-                           bootstrap_value=c.row_view(bootstrap_value), **c.fused_flags(), gamma=c.view(g),
-                           lmbda=c.view(l))
+                      bootstrap_value=c.row_view(bootstrap_value), **c.fused_flags(), gamma=c.view(g),
+                      lmbda=c.view(l))
     v = c.float_rows(values)
     nterm, ndone = c.composed_flags()
     nv = c.composed_next_values(values, next_values, bootstrap_value)
@@ -150,8 +150,8 @@ def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, ga
 def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l):
     if fused:
         return c.bind(spec.MASKED_GAE if mode == "skip" else spec.PADDED_GAE, rewards=c.view(rewards),
-                           values=c.view(values), bootstrap_value=c.row_view(bootstrap_value), mask=c.view(mask),
-                           gamma=c.view(g), lmbda=c.view(l))
+                      values=c.view(values), bootstrap_value=c.row_view(bootstrap_value), mask=c.view(mask),
+                      gamma=c.view(g), lmbda=c.view(l))
     m = c.view(mask) != 0
     r, v, boot = c.float_rows(rewards), c.float_rows(values), c.float_row(bootstrap_value)
     if mode == "pad":
@@ -201,7 +201,7 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
     if fused:
         nv = c.view(next_values)
         return c.bind(spec.TD_LAMBDA_RETURN, rewards=c.view(rewards), next_values=nv, carry=nv[:, -1],
-                           **c.fused_flags(), gamma=c.view(g), lmbda=c.view(l))
+                      **c.fused_flags(), gamma=c.view(g), lmbda=c.view(l))
     nv = c.float_rows(next_values)
     nterm, ndone = c.composed_flags()
     alpha, beta = C.td_lambda_return(c.float_rows(rewards), nv, nterm, ndone, c.float_rows(g), c.float_rows(l))
@@ -243,7 +243,7 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
         nv = c.view(next_values)
         carry = c.row_view(bootstrap_value) if nv is None else nv[:, -1]
         return c.bind(spec.DISCOUNTED_RETURN, rewards=c.view(rewards), next_values=nv, carry=carry,
-                           **c.fused_flags(), gamma=c.view(g))
+                      **c.fused_flags(), gamma=c.view(g))
     r = c.float_rows(rewards)
     nv = c.float_rows(next_values) if next_values is not None else torch.zeros_like(r)
     carry = c.float_row(bootstrap_value) if next_values is None else nv[:, -1]
@@ -286,9 +286,9 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
         return c.empty_outputs()
     if fused:
         return c.bind(spec.VTRACE, rewards=c.view(rewards), values=c.view(values), next_values=c.view(next_values),
-                           bootstrap_value=c.row_view(bootstrap_value), log_pi=c.view(log_pi), log_mu=c.view(log_mu),
-                           **c.fused_flags(), gamma=c.view(g), lmbda=c.view(l), rho_bar=rho_bar, c_bar=c_bar,
-                           rho_bar_pg=rho_bar_pg)
+                      bootstrap_value=c.row_view(bootstrap_value), log_pi=c.view(log_pi), log_mu=c.view(log_mu),
+                      **c.fused_flags(), gamma=c.view(g), lmbda=c.view(l), rho_bar=rho_bar, c_bar=c_bar,
+                      rho_bar_pg=rho_bar_pg)
     r, v = c.float_rows(rewards), c.float_rows(values)
     nv = c.composed_next_values(values, next_values, bootstrap_value)
     nterm, ndone = c.composed_flags()
@@ -357,8 +357,8 @@ def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=
     if fused:
         pi, nq = (c.rows.rows_3d(next_pi), c.rows.rows_3d(next_q)) if pair else (None, None)
         return c.bind(spec.RETRACE, rewards=c.view(rewards), q_values=c.view(q_values), log_pi=c.view(log_pi),
-                           log_mu=c.view(log_mu), next_expected_q=c.view(next_expected_q), next_pi=pi, next_q=nq,
-                           **c.fused_flags(), gamma=c.view(g), lmbda=c.view(l), c_bar=c_bar)
+                      log_mu=c.view(log_mu), next_expected_q=c.view(next_expected_q), next_pi=pi, next_q=nq,
+                      **c.fused_flags(), gamma=c.view(g), lmbda=c.view(l), c_bar=c_bar)
     if pair:
         ev = (c.rows.rows_3d(next_pi).to(c.compute_dtype) * c.rows.rows_3d(next_q).to(c.compute_dtype)).sum(-1)
     else:
@@ -384,7 +384,7 @@ def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
         return c.empty_outputs()
     if fused:
         return c.bind(spec.ELIGIBILITY_TRACE, x=c.view(x), done=c.view(c.done), gamma=c.view(decay[0]),
-                           lmbda=c.view(decay[1]), carry=c.row_view(initial))
+                      lmbda=c.view(decay[1]), carry=c.row_view(initial))
     _, ndone = c.composed_flags()
     prev_open = torch.cat([torch.ones_like(ndone[:, :1]), ndone[:, :-1]], 1)
     beta = torch.where(prev_open == 0, 0.0, c.float_rows(decay[0]) * c.float_rows(decay[1]) * prev_open)

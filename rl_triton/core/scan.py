@@ -104,5 +104,5 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
         return c.empty_outputs()
     if fused:  # the kernels read alpha and beta in any float dtype; a number beta is a constant
         return c.bind(spec.AFFINE_SCAN, alpha=c.view(alpha), beta=beta if number else c.view(beta),
-                           carry=c.row_view(initial), reverse=reverse)
+                      carry=c.row_view(initial), reverse=reverse)
     return c.results([call_scan(c, c.float_rows(alpha), c.float_rows(beta_t), c.float_row(initial), reverse)])
