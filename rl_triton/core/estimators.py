@@ -9,6 +9,8 @@ rl_triton/core/call.py's; semantics: docs/semantics.md.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import coefficients as C
@@ -307,9 +309,22 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     return c.results([vs, pg])
 
 
-@routes.public(sharded.RETRACE)
 @documented(
     q_values="``Q(s_t, a_t)``: the rewards' dtype, broadcastable to their shape.",
+    log_pi=("the target policy's log-probability of the taken action, log pi(a_t|s_t): the rewards' dtype, "
+            "broadcastable to their shape. Read by the traces ``retrace``, ``importance`` and ``tree_backup``; "
+            "None (ValueError where given) for ``q_lambda`` and ``peng``."),
+    log_mu=("the behaviour policy's log-probability of the taken action, as ``log_pi``. Read by ``retrace`` and "
+            "``importance``; None (ValueError where given) for the other traces."),
+    trace=("the trace coefficient c[t] (Munos et al. 2016, table 1): ``\"retrace\"`` lmbda*min(c_bar, pi/mu); "
+           "``\"importance\"`` lmbda*pi/mu; ``\"tree_backup\"`` lmbda*pi(a_t|s_t) (Precup et al. 2000); "
+           "``\"q_lambda\"`` lmbda*greedy[t] (Watkins' Q(lambda): the trace is cut at a non-greedy action); "
+           "``\"peng\"`` lmbda (Harutyunyan et al. 2016's Q(lambda), Peng's Q(lambda) when the target policy "
+           "is greedy: Kozuno et al. 2021). Semantics section 6.5."),
+    greedy=("with ``trace=\"q_lambda\"`` only (ValueError otherwise): a flag tensor, nonzero where the taken "
+            "action a_t is greedy under the target policy; any flag dtype, broadcastable to the rewards' shape."),
+    c_bar=("the clip of the trace ratio of ``trace=\"retrace\"``, ``c = lmbda*min(c_bar, ratio)``: a Python "
+           "number > 0, ``float(\"inf\")`` for no clipping; None: 1. ValueError where given with another trace."),
     next_expected_q=("``ev[t] = E_{a~pi} Q(s_{t+1}, a)``: the rewards' dtype, broadcastable to their shape. "
                      "Give exactly one of ``next_expected_q`` and the pair ``next_pi``, ``next_q`` (ValueError)."),
     next_pi=("``pi(a | s_{t+1})`` for each action a: one dim more than the rewards, broadcastable to "
@@ -320,10 +335,76 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
                "step still bootstraps from ``ev[t]``. Gymnasium style, with ``terminated``; not together with "
                "``done``. " + FLAG),
 )
-def retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=None, next_q=None,
-            terminated=None, truncated=None, done=None, gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1,
-            backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None, max_seqlen=None, group=None):
-    """Retrace(lambda) targets for Q(s_t, a_t) (Munos et al. 2016).
+def retrace(rewards, q_values, log_pi=None, log_mu=None, *, trace="retrace", greedy=None, next_expected_q=None,
+            next_pi=None, next_q=None, terminated=None, truncated=None, done=None, gamma=0.99, lmbda=1.0, c_bar=None,
+            time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None, max_seqlen=None,
+            group=None):
+    """Off-policy Q targets with a trace (Munos et al. 2016): Retrace(lambda) by default.
+
+    c[t] = the trace coefficient of ``trace`` (below), c[T] = 0;
+    ev[t] = E_{a~pi} Q(s_{t+1}, a): ``next_expected_q``, or sum_a next_pi[..., a]*next_q[..., a];
+    Q_ret[t] = r[t] + gamma*(1-term[t])*(ev[t] + (1-done[t])*c[t+1]*(Q_ret[t+1] - q[t+1])).
+
+    retrace: c = lmbda*min(c_bar, pi/mu); importance: c = lmbda*pi/mu; tree_backup: c = lmbda*pi;
+    q_lambda: c = lmbda*greedy; peng: c = lmbda (pi/mu = exp(log_pi - log_mu), pi = exp(log_pi)).
+    """
+    log_pi, log_mu, lmbda, c_bar = _trace_inputs(rewards, trace, log_pi, log_mu, greedy, lmbda, c_bar)
+    return _retrace(rewards, q_values, log_pi, log_mu, next_expected_q=next_expected_q, next_pi=next_pi,
+                    next_q=next_q, terminated=terminated, truncated=truncated, done=done, gamma=gamma, lmbda=lmbda,
+                    c_bar=c_bar, time_dim=time_dim, backend=backend, out=out, episode_starts=episode_starts,
+                    last_done=last_done, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, group=group)
+
+
+TRACES = ("retrace", "importance", "tree_backup", "q_lambda", "peng")
+# the inputs each trace reads, besides lmbda
+_TRACE_READS = {"retrace": ("log_pi", "log_mu", "c_bar"), "importance": ("log_pi", "log_mu"),
+                "tree_backup": ("log_pi",), "q_lambda": ("greedy",), "peng": ()}
+
+
+def _trace_inputs(rewards, trace, log_pi, log_mu, greedy, lmbda, c_bar):
+    """The kernel's inputs (log_pi, log_mu, lmbda, c_bar) whose c[t] = lmbda*min(c_bar, exp(log_pi - log_mu))
+    is ``trace``'s coefficient: log_mu 0 for tree_backup (c = lmbda*pi), log_pi = log_mu = 0 and the
+    clip off for q_lambda (lmbda*greedy) and peng (lmbda)."""
+    if not isinstance(trace, str) or trace not in TRACES:
+        raise ValueError(f"trace must be one of {list(TRACES)}, got {trace!r}")
+    given = {"log_pi": log_pi, "log_mu": log_mu, "greedy": greedy, "c_bar": c_bar}
+    reads = _TRACE_READS[trace]
+    for name, x in given.items():
+        if name in reads and x is None and name != "c_bar":
+            raise ValueError(f"trace={trace!r} needs {name}")
+        if name not in reads and x is not None:
+            raise ValueError(f"trace={trace!r} reads no {name}; pass None")
+    if trace == "retrace":
+        return log_pi, log_mu, lmbda, 1.0 if c_bar is None else c_bar
+    inputs.check_tensor(rewards, "rewards")
+    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device).expand(rewards.shape)
+    if trace == "importance":
+        return log_pi, log_mu, lmbda, math.inf
+    if trace == "tree_backup":
+        return log_pi, zero, lmbda, math.inf
+    if trace == "q_lambda":
+        inputs.check_tensor(greedy, "greedy", dtypes=inputs.FLAG_DTYPES, kind="a bool, integer or float")
+        if greedy.device != rewards.device:
+            raise ValueError(f"greedy is on {greedy.device}, the rewards on {rewards.device}")
+        inputs.Rows.check_broadcast(greedy, "greedy", rewards.shape)
+        on = greedy if greedy.dtype == torch.bool else greedy != 0
+        cd = inputs.compute_dtype(rewards.dtype)
+        if isinstance(lmbda, torch.Tensor):
+            if lmbda.device != rewards.device:
+                raise ValueError(f"lmbda is on {lmbda.device}, the rewards on {rewards.device}")
+            lam = lmbda.to(cd)
+        else:
+            lam = torch.tensor(inputs.check_unit_interval(lmbda, "lmbda"), dtype=cd, device=rewards.device)
+        lmbda = torch.where(on, lam, torch.zeros((), dtype=cd, device=rewards.device))
+    return zero, zero, lmbda, math.inf
+
+
+@routes.public(sharded.RETRACE)
+def _retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=None, next_q=None,
+             terminated=None, truncated=None, done=None, gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1,
+             backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None, max_seqlen=None,
+             group=None):
+    """:func:`retrace` on the kernel's inputs: the trace c[t] = lmbda*min(c_bar, exp(log_pi - log_mu)).
 
     c[t] = lmbda*min(c_bar, exp(log_pi[t] - log_mu[t])), c[T] = 0;
     ev[t] = E_{a~pi} Q(s_{t+1}, a): ``next_expected_q``, or sum_a next_pi[..., a]*next_q[..., a];

@@ -312,11 +312,28 @@ def expected_q(next_pi, next_q):
 
 
 @_ieee
-def retrace(rewards, q_values, log_pi, log_mu, term, done, gamma, lmbda, c_bar,
-            next_expected_q=None, next_pi=None, next_q=None):
-    """Retrace(lambda) (Munos et al. 2016).
+def trace_coefficient(trace, lam, log_pi=None, log_mu=None, greedy=None, c_bar=1.0):
+    """c of one step for each trace of Munos et al. 2016 (table 1) and Watkins' Q(lambda):
+    retrace lam*min(c_bar, pi/mu), importance lam*pi/mu, tree_backup lam*pi, q_lambda lam where the
+    action is greedy (else 0), peng lam."""
+    if trace == "retrace":
+        return lam * _clip(_ratio(log_pi, log_mu), c_bar)
+    if trace == "importance":
+        return lam * _ratio(log_pi, log_mu)
+    if trace == "tree_backup":
+        return lam * np.exp(log_pi)
+    if trace == "q_lambda":
+        return lam if greedy else 0.0
+    if trace == "peng":
+        return lam
+    raise ValueError(trace)
 
-    c[t] = l[t] * min(c_bar, exp(log_pi[t] - log_mu[t])), c[T] = 0
+
+def retrace(rewards, q_values, log_pi, log_mu, term, done, gamma, lmbda, c_bar,
+            next_expected_q=None, next_pi=None, next_q=None, trace="retrace", greedy=None):
+    """Off-policy Q targets with a trace (Munos et al. 2016); Retrace(lambda) by default.
+
+    c[t] = trace_coefficient(trace, l[t], log_pi[t], log_mu[t], greedy[t], c_bar), c[T] = 0
     Q_ret[t] = r                                                if term[t],
              = r + g (ev[t] + c[t+1] (Q_ret[t+1] - q[t+1]))     if not done[t] and g c[t+1] != 0,
              = r + g ev[t]                                      otherwise.
@@ -325,9 +342,12 @@ def retrace(rewards, q_values, log_pi, log_mu, term, done, gamma, lmbda, c_bar,
         ev = expected_q(next_pi, next_q)
     else:
         ev = _f(next_expected_q)
-    r, q, lp, lm, g, lam = map(_f, (rewards, q_values, log_pi, log_mu, gamma, lmbda))
-    term, done = _b(term), _b(done)
+    r, q, g, lam = map(_f, (rewards, q_values, gamma, lmbda))
     R, T = r.shape
+    lp = _f(log_pi) if log_pi is not None else np.zeros((R, T))
+    lm = _f(log_mu) if log_mu is not None else np.zeros((R, T))
+    greedy = _b(greedy) if greedy is not None else np.zeros((R, T), dtype=bool)
+    term, done = _b(term), _b(done)
     out = np.zeros((R, T))
     for i in range(R):
         for t in reversed(range(T)):
@@ -336,7 +356,7 @@ def retrace(rewards, q_values, log_pi, log_mu, term, done, gamma, lmbda, c_bar,
                 continue
             out[i, t] = r[i, t] + g[i, t] * ev[i, t]
             if t + 1 < T and not done[i, t]:
-                c_next = lam[i, t + 1] * _clip(_ratio(lp[i, t + 1], lm[i, t + 1]), c_bar)
+                c_next = trace_coefficient(trace, lam[i, t + 1], lp[i, t + 1], lm[i, t + 1], greedy[i, t + 1], c_bar)
                 if g[i, t] * c_next != 0:
                     tail = c_next * (out[i, t + 1] - q[i, t + 1])
                     out[i, t] = r[i, t] + g[i, t] * (ev[i, t] + tail)
