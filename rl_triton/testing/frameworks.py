@@ -128,3 +128,33 @@ def pufferlib_advantage(values, rewards, dones, importance, advantages, gamma, l
         lastpufferlam = delta + gamma * lam * c_t * lastpufferlam * nextnonterminal
         advantages[:, t] = lastpufferlam
     return advantages
+
+
+SKYRL_PPO_UTILS = "skyrl.backends.skyrl_train.utils.ppo_utils"
+
+
+def skyrl_ppo_utils():
+    """SkyRL's real ``ppo_utils`` module (SkyRL installed: the ``skyrl`` extra), imported.
+
+    On Python < 3.12 SkyRL 0.3.0's ``skyrl.backends`` package does not import: its
+    ``skyrl.tinker.types`` builds pydantic models of ``typing.TypedDict``, which pydantic takes
+    from Python 3.12 on. ppo_utils imports nothing of that package's ``__init__``, so there the
+    package is entered without running it (an empty package module over the same directory)."""
+    import importlib
+    import os
+    import sys
+    import types
+
+    try:
+        return importlib.import_module(SKYRL_PPO_UTILS)
+    except Exception as e:
+        if sys.version_info >= (3, 12) or "TypedDict" not in str(e):
+            raise
+    import skyrl
+
+    for name in [n for n in sys.modules if n == "skyrl.backends" or n.startswith("skyrl.backends.")]:
+        del sys.modules[name]
+    backends = types.ModuleType("skyrl.backends")
+    backends.__path__ = [os.path.join(os.path.dirname(skyrl.__file__), "backends")]
+    sys.modules["skyrl.backends"] = backends
+    return importlib.import_module(SKYRL_PPO_UTILS)
