@@ -1,10 +1,12 @@
-"""CPU timing of the token scans of LLM RL frameworks that do not install from the package index,
+"""CPU timing of the token scans of LLM RL frameworks that do not install beside torch 2.13 here,
 against rl_triton's drop-ins, in one process: NeMo-RL's ``GeneralizedAdvantageEstimator._compute_gae``
 (carry-forward masking, run on the driver's CPU; ``rl_triton.integrations.nemo_rl.compute_gae``),
 with a fixed lambda and with VAPO's length-adaptive per-sample lambda, and slime's ``chunked_gae``
 (a chunked-matmul scan; ``rl_triton.integrations.slime.chunked_gae``) on the zero-padded rows
-slime builds (rewards and values times the mask). The framework side is the transcriptions in
-``rl_triton.testing.frameworks`` (NVIDIA-NeMo/RL at commit ``7ea279ab``, THUDM/slime at ``624b824a``).
+slime builds (rewards and values times the mask), and AReaL's loop inline in
+``PPOActor._compute_advantages`` (``rl_triton.integrations.areal.compute_gae``). The framework
+side is the transcriptions in ``rl_triton.testing.frameworks`` (NVIDIA-NeMo/RL at commit
+``7ea279ab``, THUDM/slime at ``624b824a``, the areal 1.0.4 wheel).
 
 The input: ``[responses, tokens]`` float32 token-level rewards and values, a 0/1 float32 mask
 with a prompt prefix, a tool-output hole and right padding per response; gamma=1.0,
@@ -45,10 +47,12 @@ def make_batch(responses: int, tokens: int, seed: int = 0):
 def cases(rewards, values, mask):
     """name -> (the framework's loop, the drop-in), each a call with no arguments."""
     import rl_triton.integrations.nemo_rl as rt_nemo
+    from rl_triton.integrations.areal import compute_gae as areal_compute_gae
     import rl_triton.integrations.slime as rt_slime
-    from rl_triton.testing.frameworks import nemo_rl_compute_gae, slime_chunked_gae
+    from rl_triton.testing.frameworks import areal_gae, nemo_rl_compute_gae, slime_chunked_gae
 
     padded = (rewards * mask, values * mask)  # slime's rows: zeros past the response
+    no_eos = mask[:, -1] != 0  # AReaL: the response runs to the window's end
     adaptive = (1.0 - 1.0 / (0.05 * mask.sum(dim=1)).clamp(min=1.0)).clamp(0.0, 1.0)
     return {
         "NeMo-RL GAE": (lambda: nemo_rl_compute_gae(rewards, values, mask, 1.0, 0.95),
@@ -57,6 +61,8 @@ def cases(rewards, values, mask):
                                            lambda: rt_nemo.compute_gae(rewards, values, mask, 1.0, adaptive)),
         "slime chunked_gae": (lambda: slime_chunked_gae(*padded, 1.0, 0.95),
                               lambda: rt_slime.chunked_gae(*padded, 1.0, 0.95)),
+        "AReaL GAE": (lambda: areal_gae(rewards, values, mask, no_eos, 1.0, 0.95),
+                      lambda: areal_compute_gae(rewards, values, mask, no_eos, 1.0, 0.95)),
     }
 
 

@@ -17,7 +17,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BLOCKED = ["stable_baselines3", "torchrl", "tensordict", "ray", "rsl_rl", "skrl", "rl_games", "verl", "pufferlib",
-           "openrlhf", "trl", "cleanrl", "skyrl", "nemo_rl", "slime"]
+           "openrlhf", "trl", "cleanrl", "skyrl", "nemo_rl", "slime", "areal"]
 
 # integration -> (the framework's module, the install the message names, what triggers the
 # import: "import" where importing the integration imports the framework, else the expressions
@@ -37,7 +37,7 @@ CASES = {
     "openrlhf": ("openrlhf", "openrlhf==0.11.*", ["m.patch()"]),
 }
 # these need no framework: their functions take plain tensors
-NO_FRAMEWORK = ["cleanrl", "trl"]
+NO_FRAMEWORK = ["cleanrl", "trl", "areal"]
 
 _PROBE = r"""
 import importlib, json, sys, sysconfig, traceback

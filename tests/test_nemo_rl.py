@@ -217,7 +217,7 @@ def test_benchmark_checks_and_times():
     finally:
         sys.path.remove(os.path.join(ROOT, "benchmarks"))
     rows = bench.run([(8, 96)], rounds=2)
-    assert {r["case"] for r in rows} == {"NeMo-RL GAE", "NeMo-RL GAE, per-sample lambda", "slime chunked_gae"}
+    assert {r["case"] for r in rows} == {"NeMo-RL GAE", "NeMo-RL GAE, per-sample lambda", "slime chunked_gae", "AReaL GAE"}
     for row in rows:
         assert row["agree"], row
         assert len(row["times"]["loop"]) == len(row["times"]["rl_triton"]) == 2

@@ -236,3 +236,23 @@ def slime_chunked_gae(rewards, values, gamma, lambd, chunk_size=128):
     deltas = rewards + gamma * next_values - values
     advantages = slime_chunked_discounted_returns(deltas, gamma * lambd, chunk_size)
     return advantages, advantages + values
+
+
+def areal_gae(rewards, values, loss_mask, seq_no_eos_mask, discount, gae_lambda):
+    """AReaL's GAE loop, inline in ``PPOActor._compute_advantages`` (areal 1.0.4, the PyPI wheel,
+    areal/trainer/ppo/actor.py, from "Compute GAE." to ``returns = advantages + values``), with the
+    actor's ``discount`` and ``gae_lambda`` as arguments. ``loss_mask`` is the rolled float mask
+    the method builds; returns ``(advantages, returns)``."""
+    bs, max_seqlen = rewards.shape
+    advantages_reversed = [torch.zeros(bs, dtype=torch.float32, device=values.device)]
+    lastgaelam = 0
+    nextvalues = values[:, max_seqlen - 1] * seq_no_eos_mask
+    for t in reversed(range(max_seqlen - 1)):
+        delta = rewards[:, t] + discount * nextvalues - values[:, t]
+        newgaelam = delta + discount * gae_lambda * lastgaelam
+        mask = loss_mask[:, t]
+        nextvalues = nextvalues * (1 - mask) + values[:, t] * mask
+        lastgaelam = lastgaelam * (1 - mask) + newgaelam * mask
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    return advantages, advantages + values
