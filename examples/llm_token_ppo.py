@@ -165,12 +165,8 @@ def run(args, fast, device):
         adv_time = time.perf_counter() - start
         logits, new_values = policy(tokens, attention)
         logp = torch.log_softmax(logits[:, P - 1:-1].float(), -1).gather(-1, response[..., None])[..., 0]
-        ratio = torch.exp(logp - old_logp)
-        m = mask.float()
-        pg = -torch.minimum(ratio * adv, ratio.clamp(1 - args.clip, 1 + args.clip) * adv)
-        loss = (pg * m).sum() / m.sum().clamp(min=1)
-        if args.estimator == "gae":
-            loss = loss + 0.5 * (((new_values[:, P - 1:-1] - returns) ** 2) * m).sum() / m.sum().clamp(min=1)
+        value_error = new_values[:, P - 1:-1] - returns if args.estimator == "gae" else None
+        loss = ppo_loss(logp, old_logp, adv, mask, args.clip, value_error)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -189,15 +185,45 @@ def run(args, fast, device):
     return rows, statistics.median(adv_ms), statistics.median(update_ms)
 
 
+def ppo_loss(logp, old_logp, adv, mask, clip, value_error=None):
+    """PPO's clipped policy loss averaged over the valid tokens (``mask``), plus half the mean
+    squared ``value_error`` over them where given."""
+    m = mask.float()
+    n = m.sum().clamp(min=1)
+    ratio = torch.exp(logp - old_logp)
+    pg = -torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
+    loss = (pg * m).sum() / n
+    if value_error is not None:
+        loss = loss + 0.5 * ((value_error ** 2) * m).sum() / n
+    return loss
+
+
+NAMES = {False: "verl loop", True: "rl_triton"}
 # rl_triton's curve is drawn dashed over the loop's solid one: with the same seed the two runs can
 # give the same scores, and both curves stay visible where they coincide
-STYLES = {False: dict(label="verl loop", linestyle="-", linewidth=3.0, alpha=0.6, marker="o"),
-          True: dict(label="rl_triton", linestyle="--", linewidth=1.5, marker="x")}
+STYLES = {False: dict(linestyle="-", linewidth=3.0, alpha=0.6, marker="o"),
+          True: dict(linestyle="--", linewidth=1.5, marker="x")}
 
 
-def plot_scores(results, estimator):
-    """The mean score per iteration of each variant in ``results`` (fast -> (rows, ...)), with
-    integer iteration ticks; the matplotlib figure, or None without matplotlib."""
+def report(results, out, header, names=NAMES):
+    """Prints ``header`` and a table of each variant of ``results`` (fast -> (rows, advantage ms,
+    update ms)), named by ``names``, and writes ``out``/iterations.csv."""
+    print(header)
+    print("| advantage step | advantage ms | update ms | advantage share | final score |")
+    print("|---|---|---|---|---|")
+    for fast, (rows, adv, update) in results.items():
+        print(f"| {names[fast]} | {adv:.2f} | {update:.1f} | {adv / update:.1%} | {rows[-1]['score']:.3f} |")
+    with open(os.path.join(out, "iterations.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["variant", "iteration", "score", "advantage_ms", "update_ms", "tokens"])
+        w.writeheader()
+        for fast, (rows, _, _) in results.items():
+            for row in rows:
+                w.writerow(dict(variant=names[fast], **row))
+
+
+def plot_scores(results, estimator, names=NAMES, title=None):
+    """The mean score per iteration of each variant in ``results`` (fast -> (rows, ...)), named by
+    ``names``, with integer iteration ticks; the matplotlib figure, or None without matplotlib."""
     try:
         import matplotlib
 
@@ -208,11 +234,11 @@ def plot_scores(results, estimator):
         return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for fast, (rows, _, _) in sorted(results.items()):
-        ax.plot([r["iteration"] for r in rows], [r["score"] for r in rows], **STYLES[fast])
+        ax.plot([r["iteration"] for r in rows], [r["score"] for r in rows], label=names[fast], **STYLES[fast])
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
     ax.set_ylabel("mean score")
-    ax.set_title(f"token-level {estimator.upper()} on a toy reward")
+    ax.set_title(title or f"token-level {estimator.upper()} on a toy reward")
     ax.legend()
     fig.tight_layout()
     return fig
@@ -226,19 +252,8 @@ def main():
     variants = [False, True] if args.compare else [args.fast]
     results = {fast: run(args, fast, device) for fast in variants}
     B, L = args.prompts * args.group_size, args.max_new
-    print(f"\n{args.estimator.upper()} on {B} responses of up to {L} tokens, {device}; medians over "
-          f"{args.iterations} iterations")
-    print("| advantage step | advantage ms | update ms | advantage share | final score |")
-    print("|---|---|---|---|---|")
-    for fast, (rows, adv, update) in results.items():
-        name = "rl_triton" if fast else "verl loop"
-        print(f"| {name} | {adv:.2f} | {update:.1f} | {adv / update:.1%} | {rows[-1]['score']:.3f} |")
-    with open(os.path.join(args.out, "iterations.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["variant", "iteration", "score", "advantage_ms", "update_ms", "tokens"])
-        w.writeheader()
-        for fast, (rows, _, _) in results.items():
-            for row in rows:
-                w.writerow(dict(variant="rl_triton" if fast else "verl loop", **row))
+    report(results, args.out, f"\n{args.estimator.upper()} on {B} responses of up to {L} tokens, {device}; medians "
+           f"over {args.iterations} iterations")
     fig = plot_scores(results, args.estimator)
     if fig is None:
         return

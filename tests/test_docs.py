@@ -26,6 +26,10 @@ PUBLIC = {
     "rl_triton/integrations/rl_games.py": "rl_triton.integrations.rl_games",
     "rl_triton/integrations/verl.py": "rl_triton.integrations.verl",
     "rl_triton/integrations/trl.py": "rl_triton.integrations.trl",
+    "rl_triton/integrations/skyrl.py": "rl_triton.integrations.skyrl",
+    "rl_triton/integrations/nemo_rl.py": "rl_triton.integrations.nemo_rl",
+    "rl_triton/integrations/slime.py": "rl_triton.integrations.slime",
+    "rl_triton/integrations/areal.py": "rl_triton.integrations.areal",
     "rl_triton/integrations/openrlhf.py": "rl_triton.integrations.openrlhf",
     "rl_triton/integrations/pufferlib.py": "rl_triton.integrations.pufferlib",
     "rl_triton/integrations/tianshou.py": "rl_triton.integrations.tianshou",
@@ -129,7 +133,7 @@ def test_verl_page_installs_verl_in_its_own_environment():
     for name, requirements in extras.items():
         if name != "verl":
             assert not any("verl" in r for r in requirements), name
-    assert "-e .[cpu,verl,trl]" in open(os.path.join(ROOT, ".ci", "run")).read()
+    assert "-e .[cpu,verl,trl,skyrl]" in open(os.path.join(ROOT, ".ci", "run")).read()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="needs numba (the cpu extra)")
@@ -157,7 +161,7 @@ def test_first_call_compiles_and_is_cached_on_disk(tmp_path):
 # the modules whose public functions' docstrings must document every argument
 DOCUMENTED = ["rl_triton"] + [f"rl_triton.integrations.{m}" for m in (
     "sb3", "torchrl", "rllib", "cleanrl", "rsl_rl", "skrl", "rl_games", "verl", "trl", "openrlhf", "pufferlib",
-    "tianshou")]
+    "tianshou", "skyrl", "nemo_rl", "slime", "areal")]
 
 
 def _args_section(doc: str) -> list:
@@ -242,9 +246,10 @@ def test_documented_needs_a_text_for_every_argument():
     assert " ".join(ARGS["gamma"].split()[:6]) in " ".join(built.split())
 
 
-# framework page -> the module its first snippet needs (None: rl_triton alone). verl's and TRL's
-# pages: tests/test_verl.py and tests/test_trl.py, in the environment that has them.
-PAGE_NEEDS = {"sb3": "stable_baselines3", "torchrl": "torchrl", "cleanrl": None, "rllib": "ray.rllib",
+# framework page -> the module its first snippet needs (None: rl_triton alone). verl's, TRL's and
+# SkyRL's pages: tests/test_verl.py, tests/test_trl.py and tests/test_skyrl.py, in the environment
+# that has them.
+PAGE_NEEDS = {"areal": None, "nemo_rl": None, "slime": None, "sb3": "stable_baselines3", "torchrl": "torchrl", "cleanrl": None, "rllib": "ray.rllib",
               "rsl_rl": "rsl_rl", "skrl": "skrl", "rl_games": "rl_games", "pufferlib": "pufferlib",
               "openrlhf": "openrlhf"}
 # pufferlib.pufferl as far as patch() reads it (pufferlib 3.0.0 does not install on a CPU-only

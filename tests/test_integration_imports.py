@@ -17,7 +17,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BLOCKED = ["stable_baselines3", "torchrl", "tensordict", "ray", "rsl_rl", "skrl", "rl_games", "verl", "pufferlib",
-           "openrlhf", "trl", "cleanrl"]
+           "openrlhf", "trl", "cleanrl", "skyrl", "nemo_rl", "slime", "areal"]
 
 # integration -> (the framework's module, the install the message names, what triggers the
 # import: "import" where importing the integration imports the framework, else the expressions
@@ -30,11 +30,14 @@ CASES = {
     "skrl": ("skrl", "extra skrl", ["m.patch()", "m.PPO", "m.patched().__enter__()"]),
     "rl_games": ("rl_games", "extra rl-games", ["m.patch()", "m.A2CAgent"]),
     "verl": ("verl", "extra verl", ["m.patch()", "m.patched().__enter__()"]),
+    "skyrl": ("skyrl", "extra skyrl", ["m.patch()", "m.patched().__enter__()"]),
+    "nemo_rl": ("nemo_rl", "nemo-rl @ git+https://github.com/NVIDIA-NeMo/RL", ["m.patch()", "m.patched().__enter__()"]),
+    "slime": ("slime", "slime @ git+https://github.com/THUDM/slime", ["m.patch()", "m.patched().__enter__()"]),
     "pufferlib": ("pufferlib", "pufferlib==3.0.0", ["m.patch()"]),
     "openrlhf": ("openrlhf", "openrlhf==0.11.*", ["m.patch()"]),
 }
 # these need no framework: their functions take plain tensors
-NO_FRAMEWORK = ["cleanrl", "trl"]
+NO_FRAMEWORK = ["cleanrl", "trl", "areal"]
 
 _PROBE = r"""
 import importlib, json, sys, sysconfig, traceback

@@ -25,7 +25,8 @@ OPTIONAL = ("gymnasium", "stable_baselines3", "sb3_contrib", "torchrl", "tensord
             "matplotlib", "tqdm", "tensorboard", "transformers", "rsl_rl", "sample_factory")
 # examples whose packages go in an environment of their own (their pins clash with the examples
 # extra): the install line they give instead of the examples extra's
-OWN_INSTALL = {"sample_factory_appo.py": "pip install -e '.[cpu,sample-factory]' matplotlib tqdm"}
+OWN_INSTALL = {"sample_factory_appo.py": "pip install -e '.[cpu,sample-factory]' matplotlib tqdm",
+               "skyrl_token_ppo.py": "pip install -e '.[cpu,skyrl]' matplotlib tqdm"}
 
 # runs a script as if the OPTIONAL packages were not installed: the path finder does not see them
 _BLOCKED_RUN = """

@@ -118,3 +118,27 @@ def rounded(value: float, dtype: torch.dtype) -> float:
     where it puts the number into a tensor of that dtype first. Formed once per (value, dtype),
     so that a drop-in's repeated call reads nothing back from a tensor."""
     return torch.tensor(value, dtype=dtype).item()
+
+
+def raising_as(theirs):
+    """Decorator for a drop-in: where it raises, raise instead what the framework's own function
+    raises on the same arguments (its exception, type and message), if that raises at all;
+    otherwise the drop-in's own error. ``theirs(name)`` gives the framework's function of the
+    drop-in's ``__name__``, or None (framework not imported): then the drop-in's error stands.
+    The framework's function runs on the error path only."""
+
+    def decorate(ours):
+        @functools.wraps(ours)
+        def call(*args, **kwargs):
+            try:
+                return ours(*args, **kwargs)
+            except Exception:
+                fn = theirs(ours.__name__)
+                error = None if fn is None else error_of(fn, args, kwargs)
+                if error is None:
+                    raise
+                raise error from None
+
+        return call
+
+    return decorate

@@ -31,7 +31,6 @@ if that raises at all.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import sys
 import types
@@ -41,7 +40,8 @@ import torch
 
 from .. import gae, group_advantages, masked_whiten
 from ..core.docstrings import documented
-from ._patching import PatchState, error_of, requires_framework
+from ._llm import require_two_valid as _require_two_valid, tensor_arg as _tensor
+from ._patching import PatchState, raising_as, requires_framework
 
 __all__ = [
     "ESTIMATORS",
@@ -77,12 +77,6 @@ ESTIMATORS = types.MappingProxyType({
 # argument mapping
 # ---------------------------------------------------------------------------------------------
 
-def _tensor(x, name: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    return x
-
-
 def _promoted(*dtypes: torch.dtype) -> torch.dtype:
     out = dtypes[0]
     for d in dtypes[1:]:
@@ -92,15 +86,6 @@ def _promoted(*dtypes: torch.dtype) -> torch.dtype:
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype)
-
-
-def _require_two_valid(response_mask: torch.Tensor) -> None:
-    """verl's unbiased whitening divides by (n - 1) and refuses n < 2 valid tokens; so do we,
-    at the cost of one host sync (verl syncs there too)."""
-    n = int(torch.count_nonzero(response_mask))
-    if n < 2:
-        raise ValueError(f"response_mask has {n} valid token(s); whitening over the valid tokens needs at least 2 "
-                         "(an unbiased variance divides by n - 1)")
 
 
 def _scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
@@ -139,23 +124,7 @@ def _verl_function(name: str):
     return None if fn is None or fn is _OURS.get(name) else fn
 
 
-def _raises_as_verl(ours):
-    """Where ``ours`` raises and verl's core_algos is imported, raise what verl's function of
-    the same name raises on the same arguments (its exception, type and message), if it raises
-    at all; otherwise ours. verl's function runs on the error path only."""
-
-    @functools.wraps(ours)
-    def call(*args, **kwargs):
-        try:
-            return ours(*args, **kwargs)
-        except Exception:
-            theirs = _verl_function(ours.__name__)
-            error = None if theirs is None else error_of(theirs, args, kwargs)
-            if error is None:
-                raise
-            raise error from None
-
-    return call
+_raises_as_verl = raising_as(_verl_function)
 
 
 @_raises_as_verl

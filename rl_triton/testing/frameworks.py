@@ -128,3 +128,131 @@ def pufferlib_advantage(values, rewards, dones, importance, advantages, gamma, l
         lastpufferlam = delta + gamma * lam * c_t * lastpufferlam * nextnonterminal
         advantages[:, t] = lastpufferlam
     return advantages
+
+
+SKYRL_PPO_UTILS = "skyrl.backends.skyrl_train.utils.ppo_utils"
+
+
+def skyrl_ppo_utils():
+    """SkyRL's real ``ppo_utils`` module (SkyRL installed: the ``skyrl`` extra), imported.
+
+    On Python < 3.12 SkyRL 0.3.0's ``skyrl.backends`` package does not import: its
+    ``skyrl.tinker.types`` builds pydantic models of ``typing.TypedDict``, which pydantic takes
+    from Python 3.12 on. ppo_utils imports nothing of that package's ``__init__``, so there the
+    package is entered without running it (an empty package module over the same directory)."""
+    import importlib
+    import os
+    import sys
+    import types
+
+    try:
+        return importlib.import_module(SKYRL_PPO_UTILS)
+    except Exception as e:
+        if sys.version_info >= (3, 12) or "TypedDict" not in str(e):
+            raise
+    import skyrl
+
+    for name in [n for n in sys.modules if n == "skyrl.backends" or n.startswith("skyrl.backends.")]:
+        del sys.modules[name]
+    backends = types.ModuleType("skyrl.backends")
+    backends.__path__ = [os.path.join(os.path.dirname(skyrl.__file__), "backends")]
+    sys.modules["skyrl.backends"] = backends
+    return importlib.import_module(SKYRL_PPO_UTILS)
+
+
+def nemo_rl_compute_gae(token_level_rewards, values, mask, gamma, lam):
+    """NeMo-RL's GAE loop with carry-forward masking, ``GeneralizedAdvantageEstimator._compute_gae``
+    (NVIDIA-NeMo/RL at commit 7ea279abfbeb698b092856d0dab61e7cf39bc909,
+    nemo_rl/algorithms/advantage_estimator.py), with the estimator's ``gae_gamma`` and lambda
+    (a number or a ``[batch_size]`` tensor) as arguments. Returns ``(advantages, returns)``."""
+    gen_len = token_level_rewards.shape[-1]
+    next_values = torch.zeros(values.shape[0], device=values.device, dtype=values.dtype)
+    last_gae_lam = torch.zeros_like(next_values)
+    advantages_reversed = []
+    for t in reversed(range(gen_len)):
+        delta = token_level_rewards[:, t] + gamma * next_values - values[:, t]
+        new_gae_lam = delta + gamma * lam * last_gae_lam
+        m = mask[:, t]
+        next_values = values[:, t] * m + (1 - m) * next_values
+        last_gae_lam = new_gae_lam * m + (1 - m) * last_gae_lam
+        advantages_reversed.append(last_gae_lam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    returns = advantages + values
+    return advantages, returns
+
+
+# slime (THUDM/slime at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515, slime/utils/ppo_utils.py):
+# vanilla_gae, chunked_discounted_returns, chunked_gae
+
+
+def slime_vanilla_gae(rewards, values, gamma, lambd):
+    """slime's vanilla_gae: OpenRLHF's loop (which slime adapts) without the action mask."""
+    return openrlhf_gae(values, rewards, None, gamma, lambd)
+
+
+def slime_chunked_discounted_returns(rewards, discount, chunk_size=128):
+    assert rewards.ndim == 2
+    B, T = rewards.shape
+    device, dtype = rewards.device, rewards.dtype
+    rewards_rev = torch.flip(rewards, dims=[1])
+    pad = (chunk_size - T % chunk_size) if T % chunk_size != 0 else 0
+    if pad:
+        rewards_rev = torch.nn.functional.pad(rewards_rev, (0, pad))
+    B, T_pad = rewards_rev.shape
+    n_chunks = T_pad // chunk_size
+    rewards_chunks = rewards_rev.view(B, n_chunks, chunk_size)
+    idx = torch.arange(chunk_size, device=device)
+    diff = idx[None, :] - idx[:, None]
+    M = torch.zeros(chunk_size, chunk_size, device=device, dtype=dtype)
+    upper = diff >= 0
+    if discount == 0.0:
+        M[upper & (diff == 0)] = 1.0
+        pow_vec = torch.zeros(chunk_size, device=device, dtype=dtype)
+    else:
+        M[upper] = discount ** diff[upper].to(dtype)
+        pow_vec = discount ** torch.arange(1, chunk_size + 1, device=device, dtype=dtype)
+    S_local_chunks = (rewards_chunks.reshape(B * n_chunks, chunk_size) @ M).view(B, n_chunks, chunk_size)
+    lengths = [chunk_size] * n_chunks
+    if pad > 0:
+        lengths[-1] = chunk_size - pad
+    S_rev = rewards_rev.new_zeros(B, T_pad)
+    s_prev = torch.zeros(B, device=device, dtype=dtype)
+    for c in range(n_chunks):
+        Lc = lengths[c]
+        start = c * chunk_size
+        S_global = S_local_chunks[:, c, :Lc] + s_prev.unsqueeze(1) * pow_vec[:Lc]
+        S_rev[:, start:start + Lc] = S_global
+        s_prev = S_global[:, -1]
+    if pad > 0:
+        S_rev = S_rev[:, :T]
+    return torch.flip(S_rev, dims=[1])
+
+
+def slime_chunked_gae(rewards, values, gamma, lambd, chunk_size=128):
+    assert rewards.ndim == 2 and values.ndim == 2
+    B, T = rewards.shape
+    assert values.shape == (B, T)
+    next_values = torch.cat([values[:, 1:], torch.zeros(B, 1, device=values.device, dtype=values.dtype)], dim=1)
+    deltas = rewards + gamma * next_values - values
+    advantages = slime_chunked_discounted_returns(deltas, gamma * lambd, chunk_size)
+    return advantages, advantages + values
+
+
+def areal_gae(rewards, values, loss_mask, seq_no_eos_mask, discount, gae_lambda):
+    """AReaL's GAE loop, inline in ``PPOActor._compute_advantages`` (areal 1.0.4, the PyPI wheel,
+    areal/trainer/ppo/actor.py, from "Compute GAE." to ``returns = advantages + values``), with the
+    actor's ``discount`` and ``gae_lambda`` as arguments. ``loss_mask`` is the rolled float mask
+    the method builds; returns ``(advantages, returns)``."""
+    bs, max_seqlen = rewards.shape
+    advantages_reversed = [torch.zeros(bs, dtype=torch.float32, device=values.device)]
+    lastgaelam = 0
+    nextvalues = values[:, max_seqlen - 1] * seq_no_eos_mask
+    for t in reversed(range(max_seqlen - 1)):
+        delta = rewards[:, t] + discount * nextvalues - values[:, t]
+        newgaelam = delta + discount * gae_lambda * lastgaelam
+        mask = loss_mask[:, t]
+        nextvalues = nextvalues * (1 - mask) + values[:, t] * mask
+        lastgaelam = lastgaelam * (1 - mask) + newgaelam * mask
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    return advantages, advantages + values
