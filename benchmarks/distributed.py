@@ -1,12 +1,16 @@
 """GAE over a sequence split along time across ranks: the sharded call against all-gather-then-scan.
 
-Each rank holds a contiguous chunk of T/W steps of every row (rewards, values, done flags; one
-time-major rollout cut along time). Rows of the table, per shape, timed side by side in one run
-(every rank runs the same calls in lock step; a call's time is that of the slowest rank):
+Each rank holds T/W steps of every row (rewards, values, done flags; one time-major rollout cut
+along time): with ``--layout contiguous`` one chunk, rank k's the k-th; with ``--layout zigzag``
+Megatron-LM's context-parallel split, the window cut into 2W pieces and rank k holding pieces k
+and 2W-1-k (``rl_triton.Shards.zigzag``). Rows of the table, per shape, timed side by side in one
+run (every rank runs the same calls in lock step; a call's time is that of the slowest rank):
 
-- ``sharded``: ``rl_triton.gae(..., group=group)`` on the chunk (rl_triton/core/sharded.py);
-- ``all-gather``: what frameworks do today: all-gather every input's chunks, concatenate them
-  into the whole sequence, run ``rl_triton.gae`` on it, keep this rank's slice;
+- ``sharded``: ``rl_triton.gae(..., group=group)`` on the chunk (rl_triton/core/sharded.py), with
+  ``group=rl_triton.Shards.zigzag(group)`` for the zig-zag layout;
+- ``all-gather``: what frameworks do today (slime under context parallelism): all-gather every
+  input's chunks, put the pieces in time order into the whole sequence, run ``rl_triton.gae`` on
+  it, keep this rank's pieces;
 - ``local``: ``rl_triton.gae`` on the chunk alone, no collective (the scan a rank cannot avoid);
 - ``collective``: one all-gather of as many bytes as the sharded call's map exchange (its fixed
   cost);
@@ -16,13 +20,16 @@ time-major rollout cut along time). Rows of the table, per shape, timed side by 
 The bound of a sharded call is the chunk's own scan plus one all-gather of the maps (``local +
 collective``). On CUDA, ``launches`` counts the device operations (kernels, copies, fills) the
 profiler records for one repeated call of each way. A sharded call whose result differs from the
-baseline's (relative to 1 + |baseline|: 1e-4 in float32, 1e-10 in float64) fails the run.
+baseline's or, where the window has at most ``ORACLE_STEPS`` steps in all, from the float64 oracle
+(rl_triton/testing/oracle.py) on the rank's steps (relative to 1 + |expected|: 1e-4 in float32,
+1e-10 in float64) fails the run.
 
 Bytes are those each rank hands to the collectives per call. With no launcher, the script
 spawns ``--world`` processes itself (gloo on the CPU, or NCCL with one GPU each); under
 ``torchrun`` it takes the launcher's world.
 
     python benchmarks/distributed.py --world 4                          # gloo, CPU, 4 ranks
+    python benchmarks/distributed.py --world 4 --layout zigzag --shapes 8x131072   # zig-zag shards
     python benchmarks/distributed.py --world 1 --device cuda            # NCCL, one GPU
     torchrun --nproc_per_node 2 benchmarks/distributed.py --device cuda # NCCL, two GPUs
 """
@@ -43,18 +50,44 @@ from common import machine, parser, spread  # noqa: E402
 SHAPES = "256x32768,64x131072,8x1048576"
 WAYS = ("sharded", "all-gather", "local", "collective")
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
+ORACLE_STEPS = 1 << 21  # the oracle (a Python loop over every step) checks windows up to this size
 
 
-def _chunk(B, T, world, rank, dtype, device, seed=0):
-    """This rank's chunk of rewards, values, done (time-major, [Tk, B]) and the bootstrap value;
-    every chunk drawn from its own seed, so the chunks of all ranks make up one rollout."""
-    steps = T // world
-    g = torch.Generator().manual_seed(seed * 1000 + rank)
-    r = torch.randn(steps, B, generator=g, dtype=dtype)
-    v = torch.randn(steps, B, generator=g, dtype=dtype)
-    d = torch.rand(steps, B, generator=g) < 0.001
+def held(layout: str, world: int) -> list:
+    """The pieces (global indices in time order) each rank holds, in its local order."""
+    if layout == "zigzag":
+        return [[k, 2 * world - 1 - k] for k in range(world)]
+    return [[k] for k in range(world)]
+
+
+def _piece(B, steps, index, dtype, seed):
+    """Piece ``index`` of the rollout: rewards, values, done ([steps, B]), from its own seed."""
+    g = torch.Generator().manual_seed(seed * 1000 + index)
+    return (torch.randn(steps, B, generator=g, dtype=dtype), torch.randn(steps, B, generator=g, dtype=dtype),
+            torch.rand(steps, B, generator=g) < 0.001)
+
+
+def _chunk(B, T, pieces, rank, dtype, device, seed=0):
+    """This rank's steps of rewards, values, done (time-major, [Tk, B]: its pieces of ``pieces``
+    in its order) and the bootstrap value; every piece drawn from its own seed, so the pieces of
+    all ranks make up one rollout."""
+    steps = T // sum(len(p) for p in pieces)
+    parts = [_piece(B, steps, i, dtype, seed) for i in pieces[rank]]
     boot = torch.randn(B, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-    return [x.to(device) for x in (r, v, d, boot)]
+    return [x.to(device) for x in (*(torch.cat(xs) for xs in zip(*parts)), boot)]
+
+
+def oracle_error(got, B, T, pieces, rank, dtype, seed=0) -> float:
+    """The largest relative difference of ``got`` (this rank's outputs) from the float64 oracle on
+    this rank's steps of the whole rollout."""
+    from rl_triton.testing import catalog
+
+    n = sum(len(p) for p in pieces)
+    r, v, d = (torch.cat(xs) for xs in zip(*(_piece(B, T // n, i, dtype, seed) for i in range(n))))
+    boot = torch.randn(B, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    want = catalog.reference("gae", (r, v), dict(done=d, bootstrap_value=boot, time_dim=0))
+    mine = torch.tensor(pieces[rank])
+    return relative_error(got, [torch.from_numpy(w).view(n, T // n, B)[mine].reshape(-1, B) for w in want])
 
 
 class Counter:
@@ -72,24 +105,33 @@ class Counter:
         setattr(dist, self.name, counted)
 
 
-def _ways(rt, dist, group, world, chunk, gather_bytes):
+def _ways(rt, dist, group, world, chunk, gather_bytes, pieces):
     r, v, d, boot = chunk
+    n = sum(len(p) for p in pieces)
+    layout = group if n == world else rt.Shards(group, pieces)
+    mine = torch.tensor(pieces[dist.get_rank(group)], device=r.device)
+    # the gathered pieces (rank order, each rank's in its order) in time order
+    order = torch.tensor(sorted(range(n), key=lambda j: [i for p in pieces for i in p][j]), device=r.device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     fixed = torch.empty(max(1, gather_bytes // 4), dtype=torch.float32, device=r.device)
     fixed_out = torch.empty(world * fixed.numel(), dtype=torch.float32, device=r.device)
 
     def sharded():
-        return rt.gae(r, v, done=d, bootstrap_value=boot, time_dim=0, group=group)
+        return rt.gae(r, v, done=d, bootstrap_value=boot, time_dim=0, group=layout)
 
     def all_gather():
         whole = []
         for x in (r, v, d):
             out = torch.empty((world * x.shape[0], x.shape[1]), dtype=x.dtype, device=x.device)
-            gather(out, x, group=group)  # time-major chunks in rank order: the whole sequence
+            gather(out, x, group=group)  # time-major chunks in rank order
+            if n > world:  # the pieces in time order: the whole sequence
+                out = out.view(n, -1, x.shape[1]).index_select(0, order).view(out.shape)
             whole.append(out)
         adv, ret = rt.gae(whole[0], whole[1], done=whole[2], bootstrap_value=boot, time_dim=0)
-        lo = dist.get_rank(group) * r.shape[0]
-        return adv[lo:lo + r.shape[0]], ret[lo:lo + r.shape[0]]
+        if n == world:
+            lo = dist.get_rank(group) * r.shape[0]
+            return adv[lo:lo + r.shape[0]], ret[lo:lo + r.shape[0]]
+        return tuple(x.view(n, -1, x.shape[1]).index_select(0, mine).view(r.shape) for x in (adv, ret))
 
     def local():
         return rt.gae(r, v, done=d, bootstrap_value=boot, time_dim=0)
@@ -138,8 +180,10 @@ def relative_error(got, want) -> float:
 
 
 def failures(rows, dtype: str) -> list:
-    """The shapes whose sharded result is off the baseline's by more than the tolerance."""
-    return [shape for shape, _, _, _, err, *_ in rows if not err <= TOLERANCE[dtype]]
+    """The shapes whose sharded result is off the baseline's, or the oracle's (None: not checked),
+    by more than the tolerance."""
+    return [shape for shape, _, _, _, err, _, _, oracle in rows
+            if not err <= TOLERANCE[dtype] or (oracle is not None and not oracle <= TOLERANCE[dtype])]
 
 
 def _time(fn, calls, dist, group, device):
@@ -174,15 +218,25 @@ def worker(rank, world, port, args):
     try:
         for shape in args.shapes.split(","):
             B, T = (int(n) for n in shape.split("x"))
-            chunk = _chunk(B, T, world, rank, dtype, device)
+            pieces = held(args.layout, world)
+            chunk = _chunk(B, T, pieces, rank, dtype, device)
             # the sharded call's bytes, counted on one call; and its result against the baseline's
             counter.on, counter.bytes = True, 0
-            got = _ways(rt, dist, group, world, chunk, 4)["sharded"]()
+            got = _ways(rt, dist, group, world, chunk, 4, pieces)["sharded"]()
             counter.on = False
             sent = counter.bytes
-            ways = _ways(rt, dist, group, world, chunk, sent // 2)
+            ways = _ways(rt, dist, group, world, chunk, sent // 2, pieces)
+            counter.on, counter.bytes = True, 0
             want = ways["all-gather"]()
+            counter.on = False
+            gathered = counter.bytes
             err = relative_error(got, want)
+            oracle = None
+            if B * T <= ORACLE_STEPS:
+                oracle = torch.tensor([oracle_error(got, B, T, pieces, rank, dtype)], dtype=torch.float64,
+                                      device=device)
+                dist.all_reduce(oracle, op=dist.ReduceOp.MAX, group=group)
+                oracle = float(oracle)
             for fn in ways.values():  # compile and warm up
                 fn()
             counts, note = {}, None
@@ -198,8 +252,7 @@ def worker(rank, world, port, args):
             for k in range(args.rounds):
                 for way in names[k % len(names):] + names[:k % len(names)]:
                     times[way].append(_time(ways[way], calls, dist, group, device))
-            input_bytes = sum(x.numel() * x.element_size() for x in chunk[:3])
-            rows.append((shape, times, sent, input_bytes, err, counts, note))
+            rows.append((shape, times, sent, gathered, err, counts, note, oracle))
     finally:
         dist.destroy_process_group()
     if rank == 0:
@@ -209,12 +262,12 @@ def worker(rank, world, port, args):
 def _report(rows, world, args, device):
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else machine()
     print(f"\nGAE over T split across {world} rank(s) ({'NCCL' if device.type == 'cuda' else 'gloo'}, {where}), "
-          f"{args.dtype}, median ms per call of the slowest rank (lowest-highest of {args.rounds} rounds)\n")
+          f"{args.layout} layout, {args.dtype}, median ms per call of the slowest rank (lowest-highest of {args.rounds} rounds)\n")
     print("| B x T | sharded | sharded, graph | all-gather | local | collective | bound: local + collective | "
           "sharded / bound | all-gather / sharded | launches: sharded / all-gather / local | "
-          "bytes per rank: sharded | all-gather | max relative diff |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for shape, times, sent, input_bytes, err, counts, note in rows:
+          "bytes per rank: sharded | all-gather | max relative diff | vs oracle |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for shape, times, sent, gathered, err, counts, note, oracle in rows:
         ms = {way: spread([t * 1e3 for t in ts], "{:.3f}") for way, ts in times.items()}
         bound = [lo + c for lo, c in zip(times["local"], times["collective"])]
         speedup = [a / s for a, s in zip(times["all-gather"], times["sharded"])]
@@ -224,8 +277,8 @@ def _report(rows, world, args, device):
         count = " / ".join(str(counts[w]) for w in ("sharded", "all-gather", "local")) if counts else "-"
         print(f"| {shape} | {ms['sharded']} | {graph} | {ms['all-gather']} | {ms['local']} | {ms['collective']} | "
               f"{spread([b * 1e3 for b in bound], '{:.3f}')} | {spread(floor, '{:.2f}', 'x')} | "
-              f"{spread(speedup, '{:.1f}', 'x')} | {count} | {sent} ({sent / B:.0f} B/row) | {input_bytes} | "
-              f"{err:.1e} |")
+              f"{spread(speedup, '{:.1f}', 'x')} | {count} | {sent} ({sent / B:.0f} B/row) | {gathered} | "
+              f"{err:.1e} | {'-' if oracle is None else f'{oracle:.1e}'} |")
     print(f"\nmedian of all-gather / sharded at {rows[-1][0]}: "
           f"{statistics.median(a / s for a, s in zip(rows[-1][1]['all-gather'], rows[-1][1]['sharded'])):.1f}x")
     bad = failures(rows, args.dtype)
@@ -238,7 +291,9 @@ def main():
     p = parser(__doc__)
     p.add_argument("--world", type=int, default=4, help="ranks to spawn when not under torchrun")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="gloo on the CPU or NCCL on GPUs")
-    p.add_argument("--shapes", default=SHAPES, help="comma-separated BxT (T divisible by the world)")
+    p.add_argument("--shapes", default=SHAPES, help="comma-separated BxT (T divisible by the pieces: W, or 2W)")
+    p.add_argument("--layout", choices=("contiguous", "zigzag"), default="contiguous",
+                   help="one chunk per rank in rank order, or Megatron's pieces k and 2W-1-k")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="float dtype")
     p.add_argument("--rounds", type=int, default=5, help="rounds of the side-by-side timing")
     p.add_argument("--batch-s", type=float, default=0.3, help="seconds of calls per timed batch (about)")

@@ -16,6 +16,7 @@ from .core.estimators import (
 )
 from .core.groups import group_advantages
 from .core.scan import affine_scan
+from .core.sharded import Shards
 from .core.whiten import masked_moments, masked_whiten
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "masked_moments",
     "masked_whiten",
     "retrace",
+    "Shards",
     "td_lambda_return",
     "vtrace",
 ]

@@ -98,11 +98,13 @@ def _backends():
 def _catalog_worker(rank, world, group):
     for bounds, backends in ((_bounds(world), _backends()),
                              (_random_chunks(world, 100 + world), _backends()[:1])):
-        _catalog_case(rank, world, group, bounds, backends)
+        _catalog_case(rank, group, bounds, [(bounds[rank], bounds[rank + 1])], backends)
 
 
-def _catalog_case(rank, world, group, bounds, backends):
-    lo, hi = bounds[rank], bounds[rank + 1]
+def _catalog_case(rank, group, bounds, ranges, backends):
+    """Every catalog variant with ``group=group`` on this rank's steps ``ranges`` (concatenated
+    along time) of a window whose chunk boundaries lie at ``bounds``, against the unsharded call
+    and the oracle on the same steps."""
     for backend in backends:
         for fn, variants in catalog.VARIANTS.items():
             if not catalog.takes(fn, "group"):
@@ -111,16 +113,20 @@ def _catalog_case(rank, world, group, bounds, backends):
                 for dtype, tol in ((F64, 1e-12), (F32, 1e-5)):
                     for time_dim in ((-1, 0) if variant == next(iter(variants)) else (-1,)):
                         shape = (ROWS, bounds[-1]) if time_dim == -1 else (bounds[-1], ROWS)
-                        p = catalog.make(fn, shape, variant, dtype=dtype, time_dim=time_dim, seed=world,
+                        p = catalog.make(fn, shape, variant, dtype=dtype, time_dim=time_dim, seed=len(bounds) - 1,
                                          p_term=0.15, p_trunc=0.1).flagged_at(bounds[1:-1])
                         whole = p.call(backend)
-                        got = p.steps(lo, hi).call(backend, group=group)
+                        got = p.pieces(ranges).call(backend, group=group)
                         what = f"{fn} {variant} {dtype} time_dim={time_dim} on {backend}, rank {rank}"
                         for g, w, e in zip(got, whole, _tuple(p.expected())):
                             assert g.dtype == w.dtype and g.device == w.device, what
-                            _close(g, w.narrow(time_dim % 2, lo, hi - lo), tol, what + " vs one process")
-                            _close(g, torch.as_tensor(np.asarray(e)).narrow(time_dim % 2, lo, hi - lo),
+                            _close(g, _steps_of(w, time_dim % 2, ranges), tol, what + " vs one process")
+                            _close(g, _steps_of(torch.as_tensor(np.asarray(e)), time_dim % 2, ranges),
                                    1e-10 if dtype == F64 else 1e-4, what + " vs the oracle")
+
+
+def _steps_of(x, dim, ranges):
+    return torch.cat([x.narrow(dim, lo, hi - lo) for lo, hi in ranges], dim)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -754,3 +760,100 @@ def test_a_sharded_call_on_cuda_is_four_launches_and_replays_from_a_cuda_graph()
 
     world = torch.cuda.device_count() if torch.cuda.device_count() > 1 else 1
     mp.spawn(_nccl_rank, args=(world, _free_port(), _cuda_plan_worker), nprocs=world, join=True)
+
+
+def _layouts(world, group):
+    """Megatron's zig-zag (pieces of 3 steps), then a seeded random permutation of 2W + 1 pieces
+    dealt unevenly to the ranks, each rank's pieces of its own random length (with a world of 4,
+    one rank's pieces empty): ``(layout, piece bounds in time order, this rank's step ranges)``."""
+    rank = torch.distributed.get_rank(group)
+    rng = np.random.default_rng(world)
+    order = rng.permutation(2 * world + 1)
+    cuts = sorted(rng.choice(np.arange(1, 2 * world + 1), world - 1, replace=False).tolist())
+    lengths = rng.integers(1, 5, world)
+    if world == 4:
+        lengths[2] = 0
+    for layout, per_rank in ((rl_triton.Shards.zigzag(group), [3] * world),
+                             (rl_triton.Shards(group, [p.tolist() for p in np.split(order, cuts)]), lengths)):
+        holder = {i: k for k, row in enumerate(layout.pieces) for i in row}
+        bounds = [0, *np.cumsum([per_rank[holder[i]] for i in range(len(holder))]).tolist()]
+        yield layout, bounds, [(bounds[i], bounds[i + 1]) for i in layout.pieces[rank]]
+
+
+def _pieces_worker(rank, world, group):
+    """Every estimator and affine_scan on shards in any order: each rank's pieces of a window
+    against the unsharded call's steps of those pieces and the oracle; the zig-zag layout as
+    Megatron-LM's get_batch_on_this_cp_rank cuts it (a view into 2W pieces, index_select of k
+    and 2W-1-k); masked GAE with whitening; ``out=`` the rank's inputs."""
+    for i, (layout, bounds, ranges) in enumerate(_layouts(world, group)):
+        _catalog_case(rank, layout, bounds, ranges, _backends() if i == 0 else _backends()[:1])
+    zig = rl_triton.Shards.zigzag(group)
+    x = torch.arange(2 * 4 * world * 2, dtype=F64).view(2, -1)
+    megatron = x.view(2, 2 * world, -1).index_select(1, torch.tensor([rank, 2 * world - 1 - rank])).reshape(2, -1)
+    assert torch.equal(zig.local(x), megatron)
+    assert torch.equal(zig.local(x.t().contiguous(), time_dim=0), megatron.t())
+    steps = 4 * world
+    g = torch.Generator().manual_seed(world)
+    r, v = (torch.randn(ROWS, steps, generator=g, dtype=F64) for _ in range(2))
+    boot = torch.randn(ROWS, generator=g, dtype=F64)
+    mask = _masks((ROWS, steps), world, [0, 2, 4])
+    for backend in _backends():
+        for mode in ("skip", "pad"):
+            for kw in (dict(bootstrap_value=boot), dict(whiten=True), dict(gamma=0.9, lmbda=0.8)):
+                what = f"zig-zag gae mask_mode={mode} {sorted(kw)} on {backend}, rank {rank}"
+                whole = rl_triton.gae(r, v, mask=mask, mask_mode=mode, backend=backend, **kw)
+                got = rl_triton.gae(zig.local(r), zig.local(v), mask=zig.local(mask), mask_mode=mode,
+                                    backend=backend, group=zig, **kw)
+                for gt, w in zip(got, whole):
+                    _close(gt, zig.local(w), 1e-12, what)
+                if "whiten" not in kw:
+                    adv, _ = oracle.gae_masked(r.numpy(), v.numpy(), mask.numpy(), np.full(r.shape, kw.get("gamma", 0.99)),
+                                               np.full(r.shape, kw.get("lmbda", 0.95)), mode,
+                                               None if "bootstrap_value" not in kw else boot.numpy())
+                    _close(got[0], zig.local(torch.from_numpy(adv)), 1e-10, what + " vs the oracle")
+        done = torch.rand(ROWS, steps, generator=g) < 0.3
+        for fn, args, kwargs in (("gae", (r, v), dict(done=done, bootstrap_value=boot)),
+                                 ("gae", (r, v), dict(gamma=0.9, lmbda=0.0)),
+                                 ("eligibility_trace", (r,), dict(done=done, initial=boot))):
+            whole = _tuple(getattr(rl_triton, fn)(*args, **kwargs, backend=backend))
+            mine = [zig.local(a) for a in args]
+            out = tuple(mine[:len(whole)])
+            local = {k: zig.local(x) if isinstance(x, torch.Tensor) and x.ndim == 2 else x for k, x in kwargs.items()}
+            got = _tuple(getattr(rl_triton, fn)(*mine, **local, backend=backend, group=zig,
+                                                out=out if len(out) > 1 else out[0]))
+            what = f"zig-zag {fn} {sorted(kwargs)} out= its inputs on {backend}, rank {rank}"
+            assert all(a is b for a, b in zip(got, out)), what
+            for a, b in zip(got, whole):
+                _close(a, zig.local(b), 1e-12, what)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_shards_in_any_order_match_the_unsharded_call(world):
+    _spawn(_pieces_worker, world)
+
+
+def _bad_layout_worker(rank, world, group):
+    """A bad layout raises the same error on every rank before any collective."""
+    group = _short_timeout_group()
+    r = torch.randn(ROWS, 6, dtype=F64)
+    for pieces, error, match in (([[0, 1], [1, 2], [3]], ValueError, "exactly once"),
+                                 ([[0, 1], [2, 3]], ValueError, "each of the group's 3 ranks"),
+                                 ([[0, 1], [], [2]], ValueError, "empty"),
+                                 ([[0, 1], [2.0], [3]], TypeError, "int"),
+                                 ("012", TypeError, "pieces")):
+        with pytest.raises(error, match=match):
+            rl_triton.Shards(group, pieces)
+    with pytest.raises(TypeError, match="ProcessGroup"):
+        rl_triton.Shards.zigzag("world")
+    zig = rl_triton.Shards.zigzag(group)
+    with pytest.raises(ValueError, match="not a multiple of 2"):
+        rl_triton.gae(r[:, :5], r[:, :5], group=zig)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        rl_triton.gae(r[0], r[0], cu_seqlens=torch.tensor([0, 18]), group=zig)
+    with pytest.raises(ValueError, match="not a multiple of the 6 pieces"):
+        zig.local(torch.zeros(ROWS, 7))
+    torch.distributed.barrier(group)  # every rank got here: none waits in a collective
+
+
+def test_every_rank_raises_for_a_bad_layout():
+    _spawn(_bad_layout_worker, 3)

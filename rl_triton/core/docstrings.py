@@ -86,7 +86,10 @@ ARGS = {
     "group": (
         "a ``torch.distributed`` ProcessGroup: the window's time axis is split across its ranks in rank order, "
         "each passing its contiguous chunk of every per-step input (per-row inputs whole) and getting its "
-        "steps of the result of the call on the whole window (semantics section 17). No autograd."),
+        "steps of the result of the call on the whole window (semantics section 17). Or an "
+        "``rl_triton.Shards`` layout over a group: each rank passes its pieces of the window, concatenated "
+        "along time in the layout's order (``Shards.zigzag``: Megatron-LM's pieces k and 2W-1-k), and gets "
+        "those steps. No autograd."),
     "log_pi": ("the target policy's log-probability of the taken action: the rewards' dtype, broadcastable to "
                "their shape."),
     "log_mu": "the behaviour policy's log-probability of the taken action, as ``log_pi``.",

@@ -39,7 +39,7 @@ import torch
 from . import inputs, launch, plans
 from .packed import PER_SEQUENCE
 from .plans import CHUNK, Chunk
-from .whiten import all_gather_into, check_group, gather_ranks, masked_whiten
+from .whiten import _check_group_type, all_gather_into, check_group, gather_ranks, masked_whiten
 
 
 class Rule(NamedTuple):
@@ -122,11 +122,17 @@ AFFINE_SCAN = Rule(None)
 
 def run(fn, kw: dict, rule: Rule):
     """``fn`` (a public function, sharded by ``rule``) on this rank's chunk: ``kw`` its
-    arguments by name, with ``group``."""
+    arguments by name, with ``group`` (a ProcessGroup, or a :class:`Shards` layout)."""
     kw = dict(kw)
     group = kw.pop("group")
+    layout = None
+    if isinstance(group, Shards):
+        layout, group = (None if group.contiguous else group), group.group
     packed = kw.get("cu_seqlens") is not None or kw.get("max_seqlen") is not None
-    key = None if packed else _plan_key(fn, kw, group)
+    if packed and layout is not None:
+        raise ValueError("group: a Shards layout of several pieces per rank does not take cu_seqlens; pass one "
+                         "contiguous slice of the packed stream per rank (a plain ProcessGroup)")
+    key = None if packed or layout is not None else _plan_key(fn, kw, group)
     plan = _PLANS.get(key) if key is not None and not launch.plan_forced() else None
     if plan is not None and plan is not _NO_PLAN:
         # the signature's first call checked the group and the inputs (no gradients wanted)
@@ -153,21 +159,15 @@ def run(fn, kw: dict, rule: Rule):
     cd = torch.float64 if ref.dtype == torch.float64 else torch.float32
     device = ref.device
     two_state = rule is GAE and kw.get("mask") is not None and kw.get("mask_mode", "skip") == "skip"
-
-    def at(t):
-        def step(name):
-            x = kw[name]
-            if not isinstance(x, torch.Tensor):
-                return torch.full(rows_shape, float(x), dtype=cd, device=device)
-            if name in rule.aligned:
-                x = inputs.align_leading(x, ref.ndim, tdim)
-            return x.expand(ref.shape).select(tdim, t) if steps else torch.zeros(rows_shape, dtype=x.dtype,
-                                                                                  device=device)
-        return step
+    at = _stepper(kw, rule, ref, tdim, cd)
 
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
+    mine_pieces = layout.pieces[rank] if layout is not None else (rank,)
+    if steps % len(mine_pieces):
+        raise ValueError(f"group: this rank holds {len(mine_pieces)} pieces of equal length, but its chunk has "
+                         f"{steps} steps along time_dim, not a multiple of {len(mine_pieces)}")
     lam = _handed_lambda(rule, kw)
     # every argument is checked before the first collective, on every rank, so that a rank
     # that raises leaves none waiting: a chunk without steps by its own empty call, one that
@@ -191,55 +191,236 @@ def run(fn, kw: dict, rule: Rule):
             result = plan.execute({**kw, "out": out}, group)
             if result is not None:
                 return _whitened(result, kw, whiten, group)
-    local_kw = dict(kw)
-    if lam is not None:  # GAE hands on V + lambda*A (_handed_lambda): no boundary inputs
-        local_kw["bootstrap_value"] = None
-    # 1. boundary inputs: every rank's first step, and whether it has one
-    mine = rule.boundary(kw, at(0)) if rule.boundary is not None and reverse and lam is None else {}
-    if mine:
-        names = list(mine)
-        local = _flagged(torch.stack([mine[n].to(cd).reshape(-1) for n in names]), cd, steps > 0)
-        own = {**kw, **(rule.own(kw, at(-1)) if rule.own is not None else {})}
-        local_kw.update(_boundary_for(gather_ranks(local, group), rank, names, rows_shape, own))
-    kernel_args = {name[len(KERNEL):]: local_kw.pop(name).reshape(-1) for name in list(local_kw)
-                   if name.startswith(KERNEL)}
-    # 2. the chunk's map from carry 0, and the carry of the window's own end (the map's columns,
+    # each piece of this rank is a chunk of its own (one piece: the rank's chunk as it stands)
+    length = steps // len(mine_pieces)
+    if len(mine_pieces) == 1:
+        pieces = [_Piece(kw, ref, at, out)]
+    else:
+        pieces = []
+        for i in range(len(mine_pieces)):
+            part = _narrowed(kw, rule, ref, tdim, i * length, length)
+            piece_ref = part[next(iter(part))]
+            pieces.append(_Piece(part, piece_ref, _stepper(part, rule, piece_ref, tdim, cd),
+                                 None if out is None else _narrowed_out(out, tdim, i * length, length)))
+    exchange = _Exchange(group, layout, world)
+    for p in pieces:
+        p.local_kw = dict(p.kw)
+        if lam is not None:  # GAE hands on V + lambda*A (_handed_lambda): no boundary inputs
+            p.local_kw["bootstrap_value"] = None
+    # 1. boundary inputs: every piece's first step, and whether it has one
+    firsts = [rule.boundary(p.kw, p.at(0)) for p in pieces] if rule.boundary is not None and reverse \
+        and lam is None else [{}]
+    if firsts[0]:
+        names = list(firsts[0])
+        gathered = exchange.gather([_flagged(torch.stack([f[n].to(cd).reshape(-1) for n in names]), cd, length > 0)
+                                    for f in firsts])
+        for p, index in zip(pieces, mine_pieces):
+            own = {**p.kw, **(rule.own(p.kw, p.at(-1)) if rule.own is not None else {})}
+            p.local_kw.update(_boundary_for(gathered, index, names, rows_shape, own))
+    # 2. each piece's map from carry 0, and the carry of the window's own end (the map's columns,
     # then that carry; two-state: then the window end's own first state, the bootstrap value)
     width = 5 if two_state else 2
-    edge = torch.zeros(n_rows, width + 1 + two_state, dtype=torch.float64, device=device)
-    result = None
-    if steps:
-        zero = torch.zeros(n_rows, dtype=cd, device=device)
-        first_kw = {**local_kw, "bootstrap_value": zero.reshape(rows_shape)} if two_state else local_kw
-        result = _one_call(fn, first_kw, Chunk(zero, edge[:, :width + 1], kernel_args))
-        if rule.hands is not None:
-            edge[:, 0], edge[:, 1] = rule.hands(kw, at(0), at(-1), edge[:, 0], edge[:, 1])
+    for p in pieces:
+        p.kernel_args = {name[len(KERNEL):]: p.local_kw.pop(name).reshape(-1) for name in list(p.local_kw)
+                         if name.startswith(KERNEL)}
+        p.edge = edge = torch.zeros(n_rows, width + 1 + two_state, dtype=torch.float64, device=device)
+        p.result = None
+        if length:
+            zero = torch.zeros(n_rows, dtype=cd, device=device)
+            first_kw = {**p.local_kw, "bootstrap_value": zero.reshape(rows_shape)} if two_state else p.local_kw
+            p.result = _one_call(fn, first_kw, Chunk(zero, edge[:, :width + 1], p.kernel_args))
+            if rule.hands is not None:
+                edge[:, 0], edge[:, 1] = rule.hands(p.kw, p.at(0), p.at(-1), edge[:, 0], edge[:, 1])
+            if lam is not None:
+                edge[:, 0] = p.at(0)("values").reshape(-1).to(edge.dtype) + lam * edge[:, 0]
         if lam is not None:
-            edge[:, 0] = at(0)("values").reshape(-1).to(edge.dtype) + lam * edge[:, 0]
-    if lam is not None:
-        edge[:, 2] = _own(kw.get("bootstrap_value"), rows_shape, edge[None, :, 2])
-    if two_state and kw.get("bootstrap_value") is not None:
-        edge[:, -1] = kw["bootstrap_value"].expand(rows_shape).reshape(-1)
-    # 3. one all-gather of the maps (with whether each chunk has steps), folded to this chunk;
+            edge[:, 2] = _own(kw.get("bootstrap_value"), rows_shape, edge[None, :, 2])
+        if two_state and kw.get("bootstrap_value") is not None:
+            edge[:, -1] = kw["bootstrap_value"].expand(rows_shape).reshape(-1)
+    # 3. one all-gather of the maps (with whether each chunk has steps), folded to each piece;
     # the last nonempty chunk in scan order starts from the window's own carry
-    gathered = gather_ranks(_flagged(edge, cd, steps > 0), group)
+    gathered = exchange.gather([_flagged(p.edge, cd, length > 0) for p in pieces])
     present = gathered[:, -1] != 0
-    maps = gathered[:, :-1].view(world, n_rows, edge.shape[1])
+    maps = gathered[:, :-1].view(gathered.shape[0], n_rows, width + 1 + two_state)
     count = present.long()
     later = (count.flip(0).cumsum(0).flip(0) if reverse else count.cumsum(0)) - count > 0
-    carry = _fold(maps, present, present & ~later, rank, reverse, launch.resolve_backend(kw.get("backend"), device))
-    # 4. this rank's outputs from its carry
-    if steps:
+    backend = launch.resolve_backend(kw.get("backend"), device)
+    if not steps:
+        return _whitened(empty, kw, whiten, group)  # the function's own empty outputs
+    # 4. each piece's outputs from its carry
+    for p, index in zip(pieces, mine_pieces):
+        carry = _fold(maps, present, present & ~later, index, reverse, backend)
         if two_state:
-            local_kw["bootstrap_value"] = carry[0].reshape(rows_shape).to(ref.dtype)
+            p.local_kw["bootstrap_value"] = carry[0].reshape(rows_shape).to(ref.dtype)
             carry = carry[1]
         if lam is not None:
             carry = carry / lam
-        result = _second_pass(fn, local_kw, result, out, Chunk(carry, None, kernel_args), tdim, reverse, two_state,
-                              ref, launch.resolve_backend(kw.get("backend"), device))
+        p.result = _second_pass(fn, p.local_kw, p.result, p.out, Chunk(carry, None, p.kernel_args), tdim, reverse,
+                                two_state, p.ref, backend)
+    if len(pieces) == 1:
+        result = pieces[0].result
+    elif out is not None:
+        result = out if isinstance(out, torch.Tensor) else tuple(out)
     else:
-        result = empty  # the function's own empty outputs
+        parts = [p.result if isinstance(p.result, tuple) else (p.result,) for p in pieces]
+        result = tuple(torch.cat(each, tdim) for each in zip(*parts))
+        result = result if len(result) > 1 else result[0]
     return _whitened(result, kw, whiten, group)
+
+
+class Shards:
+    """How a window's time axis is laid out over the ranks of ``group``: the window is cut into
+    ``n`` pieces of equal length, numbered 0 to n-1 in time order, and rank k holds the pieces
+    ``pieces[k]`` (global piece indices), concatenated along time in that order. Pass it as
+    ``group=`` to any estimator or ``affine_scan``: each rank passes its pieces and gets the same
+    steps of the result of the call on the whole window (docs/semantics.md, section 17).
+
+    ``Shards(group, [[0], [1], ..., [W-1]])`` is the plain ``group=group`` (one contiguous chunk
+    per rank in rank order; those chunks may have any lengths). :meth:`zigzag` is Megatron-LM's
+    context-parallel layout. Every rank must pass the same layout.
+
+    Args:
+        group: a ``torch.distributed`` ProcessGroup of W ranks (``TypeError`` otherwise).
+        pieces: W sequences of ints, ``pieces[k]`` the pieces rank k holds in its local order
+            (one at least); together they hold each of ``0..n-1`` exactly once (``ValueError``).
+            A rank's chunk length along ``time_dim`` must be a multiple of its number of pieces
+            (``ValueError`` on that rank before any collective); the pieces of a rank have equal
+            lengths, and ranks may differ.
+    """
+
+    def __init__(self, group, pieces):
+        import torch.distributed as dist
+
+        _check_group_type(group)
+        world = dist.get_world_size(group)
+        if isinstance(pieces, (str, bytes, torch.Tensor)) or not hasattr(pieces, "__len__"):
+            raise TypeError(f"pieces must be a list of {world} lists of piece indices, got {type(pieces).__name__}")
+        if len(pieces) != world:
+            raise ValueError(f"pieces must list the pieces of each of the group's {world} ranks, got {len(pieces)}")
+        rows = []
+        for k, held in enumerate(pieces):
+            if isinstance(held, (str, bytes, torch.Tensor)) or not hasattr(held, "__iter__") \
+                    or any(isinstance(i, bool) or not isinstance(i, int) for i in held):
+                raise TypeError(f"pieces[{k}] must be a list of int piece indices, got {held!r}")
+            if not len(held):
+                raise ValueError(f"pieces[{k}] is empty: every rank holds one piece at least")
+            rows.append(tuple(held))
+        held = sorted(i for row in rows for i in row)
+        if held != list(range(len(held))):
+            raise ValueError(f"pieces must hold each piece index 0..{len(held) - 1} exactly once, got {rows}")
+        self.group, self.pieces, self.n = group, tuple(rows), len(held)
+        self.width = max(len(row) for row in rows)
+        slot = {i: k * self.width + j for k, row in enumerate(rows) for j, i in enumerate(row)}
+        # where each piece lies in the all-gather of every rank's width pieces (ranks with fewer pad)
+        self.slots = [slot[i] for i in range(len(held))] + sorted(set(range(world * self.width)) - set(slot.values()))
+
+    @classmethod
+    def zigzag(cls, group) -> "Shards":
+        """Megatron-LM's context-parallel layout (``get_batch_on_this_cp_rank``): the window cut into
+        ``2W`` pieces, rank k holding pieces ``k`` and ``2W - 1 - k`` in that order, so that causal
+        attention's work is balanced."""
+        import torch.distributed as dist
+
+        _check_group_type(group)
+        world = dist.get_world_size(group)
+        return cls(group, [(k, 2 * world - 1 - k) for k in range(world)])
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether this is the plain layout: rank k holds piece k alone."""
+        return all(row == (k,) for k, row in enumerate(self.pieces))
+
+    def local(self, x: torch.Tensor, rank: int | None = None, time_dim: int = -1) -> torch.Tensor:
+        """Rank ``rank``'s pieces (this process's rank by default) of the whole-window tensor ``x``,
+        concatenated along ``time_dim`` in the rank's order. ``x``'s length along ``time_dim`` must
+        be a multiple of the number of pieces (``ValueError``)."""
+        import torch.distributed as dist
+
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if rank is None:
+            rank = dist.get_rank(self.group)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(self.pieces):
+            raise ValueError(f"rank must be an int in [0, {len(self.pieces)}), got {rank!r}")
+        steps = x.shape[time_dim]
+        if steps % self.n:
+            raise ValueError(f"x has {steps} steps along time_dim, not a multiple of the {self.n} pieces")
+        size = steps // self.n
+        return torch.cat([x.narrow(time_dim, i * size, size) for i in self.pieces[rank]], time_dim)
+
+    def __repr__(self):
+        return f"Shards({self.group!r}, {[list(row) for row in self.pieces]})"
+
+
+class _Piece:
+    """One chunk of this rank's steps: its arguments, reference input, step reader and ``out``."""
+
+    def __init__(self, kw, ref, at, out):
+        self.kw, self.ref, self.at, self.out = kw, ref, at, out
+
+
+class _Exchange:
+    """One all-gather of a few numbers per piece, returned in global piece order."""
+
+    def __init__(self, group, layout, world):
+        self.group, self.layout = group, layout
+        self.width = layout.width if layout is not None else 1
+        self.slots = None if layout is None else layout.slots
+
+    def gather(self, parts):
+        """``[n_slots, m]``: each piece's ``[m]`` part, the global pieces first in order (then the
+        padding of ranks with fewer pieces, flagged absent)."""
+        m = parts[0].numel()
+        local = torch.cat(parts + [parts[0].new_zeros(m)] * (self.width - len(parts)))
+        gathered = gather_ranks(local, self.group).view(-1, m)
+        if self.slots is None:
+            return gathered
+        return gathered.index_select(0, torch.tensor(self.slots, device=gathered.device))
+
+
+def _stepper(kw, rule, ref, tdim, cd):
+    """``at(t)(name)``: the argument ``name`` of ``kw`` at step ``t`` of ``ref``'s time axis, per row
+    (a Python number as a row of it; zeros where ``ref`` has no steps)."""
+    steps = ref.shape[tdim]
+    rows_shape = ref.shape[:tdim] + ref.shape[tdim + 1:]
+
+    def at(t):
+        def step(name):
+            x = kw[name]
+            if not isinstance(x, torch.Tensor):
+                return torch.full(rows_shape, float(x), dtype=cd, device=ref.device)
+            if name in rule.aligned:
+                x = inputs.align_leading(x, ref.ndim, tdim)
+            return x.expand(ref.shape).select(tdim, t) if steps else torch.zeros(rows_shape, dtype=x.dtype,
+                                                                                  device=ref.device)
+        return step
+    return at
+
+
+def _narrowed(kw, rule, ref, tdim, start, length):
+    """The arguments of steps ``[start, start + length)`` along ``ref``'s time axis: every per-step
+    tensor cut there (one that broadcasts along time, a per-row or window-end input as it is).
+    Tensors with fewer dims than ``ref`` broadcast from the right as the call aligns them (a
+    trace's ``done`` covering the leading dims first padded on the right); more dims (Retrace's
+    action dim) trail."""
+    steps = ref.shape[tdim]
+    cut = {}
+    for name, x in kw.items():
+        if isinstance(x, torch.Tensor) and name not in PER_SEQUENCE:
+            if name in rule.aligned:
+                x = inputs.align_leading(x, ref.ndim, tdim)
+            dim = tdim - max(0, ref.ndim - x.ndim)
+            if dim >= 0 and x.shape[dim] == steps:
+                x = x.narrow(dim, start, length)
+        cut[name] = x
+    return cut
+
+
+def _narrowed_out(out, tdim, start, length):
+    """``out`` (a tensor or a sequence of them, the reference's shape) cut to the same steps."""
+    if isinstance(out, torch.Tensor):
+        return out.narrow(tdim, start, length)
+    return type(out)(o.narrow(tdim, start, length) for o in out)
 
 
 _PLANS: dict = {}

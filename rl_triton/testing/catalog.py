@@ -392,12 +392,17 @@ class Problem:
     def steps(self, lo: int, hi: int) -> "Problem":
         """The same problem on steps ``[lo, hi)``: every per-step tensor cut along time (a chunk
         of a sequence split across ranks); per-row inputs stay whole."""
+        return self.pieces([(lo, hi)])
+
+    def pieces(self, ranges) -> "Problem":
+        """The same problem on the steps of ``ranges`` (``(lo, hi)`` pairs) concatenated along time
+        in that order (the pieces of a sequence that one rank holds); per-row inputs stay whole."""
         shape = self.shape
         td = _time_dim(self.kwargs, len(shape))
 
         def cut(x):
             if isinstance(x, torch.Tensor) and (tuple(x.shape) == tuple(shape) or tuple(x.shape[:-1]) == tuple(shape)):
-                return x.narrow(td, lo, hi - lo).clone()
+                return torch.cat([x.narrow(td, lo, hi - lo) for lo, hi in ranges], td)
             return x
 
         return dataclasses.replace(self, args=tuple(cut(a) for a in self.args),
