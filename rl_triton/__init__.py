@@ -1,7 +1,8 @@
 """rl_triton: reinforcement-learning credit assignment at memory-bandwidth speed.
 
-Eight estimators and the generic affine scan behind them, each one fused scan on the
-best backend for the tensors' device (Triton on CUDA, numba on CPU, plain torch otherwise).
+Nine estimators and the generic affine scan behind them, each one fused scan on the best
+backend for the tensors' device (Triton on CUDA, numba on CPU, plain torch otherwise; n-step
+returns as torch ops for now).
 """
 
 from .core.estimators import (
@@ -10,6 +11,7 @@ from .core.estimators import (
     eligibility_trace,
     episodic_cumsum,
     gae,
+    nstep_return,
     retrace,
     td_lambda_return,
     vtrace,
@@ -29,6 +31,7 @@ __all__ = [
     "group_advantages",
     "masked_moments",
     "masked_whiten",
+    "nstep_return",
     "retrace",
     "Shards",
     "td_lambda_return",

@@ -254,6 +254,51 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     return c.results([scan.call_scan(c, alpha, beta, carry, True)])
 
 
+@routes.public(None)
+@documented(
+    next_values=("``V(s_{t+1})`` of each step's true successor (at a truncation the final observation's value): "
+                 "the rewards' dtype, broadcastable to their shape. A window that ends at step e before a "
+                 "termination bootstraps from ``next_values[e]``."),
+    n=("the number of rewards in a window, an int >= 1 (``n = 1``: the one-step TD target; ``n >= T``: the "
+       "return to the episode's or the rollout's end)."),
+)
+def nstep_return(rewards, next_values, *, n, terminated=None, truncated=None, done=None, gamma=0.99, time_dim=-1,
+                 backend=None, out=None, episode_starts=None, last_done=None):
+    """n-step returns, cut at episode ends and at the window end.
+
+    R[t] = sum_{k<m} gamma^k r[t+k] + gamma^m (1-terminated[t+m-1]) V(s_{t+m}),
+    m = min(n, e - t + 1, T - t) with e the first done at or after t, and gamma^k the product of
+    the steps' discounts gamma[t]...gamma[t+k-1]: a window stops after n rewards, at its episode's
+    end (no bootstrap past a termination, the truncated step's own next value at a truncation) and
+    at the rollout's end (bootstrapping from what is there).
+
+    Runs as torch ops on every backend, n - 1 passes over the window (a fused kernel is not
+    written yet); differentiable.
+    """
+    c = Call(rewards, "rewards", time_dim)
+    c.value(next_values, "next_values")
+    c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    g = c.coefficient(gamma, "gamma")
+    c.start(backend, out, 1)
+    if c.empty:
+        return c.empty_outputs()
+    r, nv, g = c.float_rows(rewards), c.float_rows(next_values), c.float_rows(g)
+    nterm, ndone = c.composed_flags()
+    # R_1[t] = r + gamma*(1-term)*nv (a termination reads no nv); R_k[t] = R_1[t] where the step ends its
+    # episode or the window, else r + gamma*R_{k-1}[t+1]
+    one = r + torch.where(nterm == 0, 0.0, g * nv)
+    stops = ndone == 0
+    stops[:, -1] = True
+    ret = one
+    for _ in range(min(n, c.rows.T) - 1):
+        ret = torch.where(stops, one, r + g * torch.cat([ret[:, 1:], ret[:, -1:]], 1))
+    return c.results([ret])
+
+
 @routes.public(sharded.VTRACE, outputs=2)
 @documented(
     rho_bar=("the clip of the importance ratio in the TD errors, ``rho = min(rho_bar, ratio)``: a Python "

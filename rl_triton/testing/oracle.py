@@ -364,6 +364,31 @@ def retrace(rewards, q_values, log_pi, log_mu, term, done, gamma, lmbda, c_bar,
 
 
 @_ieee
+def nstep_return(rewards, next_values, term, done, gamma, n):
+    """R[t] = sum_{k<m} g^k r[t+k] + g^m (1 - term[t+m-1]) nv[t+m-1], the window of m = min(n,
+    steps to the episode's end, steps to the rollout's end) rewards from t (docs/semantics.md, 6.10);
+    g^k the product of the window's discounts. One row at a time, one window at a time."""
+    r, nv, g = _f(rewards), _f(next_values), _f(gamma)
+    term, done = _b(term), _b(done)
+    R, T = r.shape
+    out = np.zeros((R, T))
+    for i in range(R):
+        for t in range(T):
+            total, discount = 0.0, 1.0
+            for k in range(n):
+                s = t + k
+                total += discount * r[i, s]
+                if term[i, s]:
+                    break
+                if done[i, s] or k == n - 1 or s == T - 1:
+                    total += discount * g[i, s] * nv[i, s]
+                    break
+                discount *= g[i, s]
+            out[i, t] = total
+    return out
+
+
+@_ieee
 def eligibility_trace(x, done, gamma, lmbda, initial=None):
     """e[t] = x[t] + (g[t] l[t] e[t-1] unless done[t-1] or g[t] l[t] = 0),
     done[-1] = 0, e[-1] = initial (0)."""
