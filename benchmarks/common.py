@@ -97,3 +97,18 @@ def machine() -> str:
     except (OSError, StopIteration):
         pass
     return f"{name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+
+
+def synced(fn: Callable[[], object], device: str) -> Callable[[], object]:
+    """``fn`` followed by a CUDA synchronisation where ``device`` is a CUDA device (so that a
+    timed call includes its kernels), ``fn`` itself otherwise."""
+    if not str(device).startswith("cuda"):
+        return fn
+    import torch
+
+    def call():
+        out = fn()
+        torch.cuda.synchronize()
+        return out
+
+    return call

@@ -18,6 +18,7 @@ counts are the machine's unless --threads is given.
 
     python benchmarks/llm_loops_cpu.py --threads 2               # 64 x 2048 and 16 x 16384 tokens
     python benchmarks/llm_loops_cpu.py --shapes 8x512 --rounds 3
+    python benchmarks/llm_loops_cpu.py --device cuda             # the tensors on the GPU (Triton)
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common import alternate, machine, pair_cells, parser, set_threads  # noqa: E402
+from common import alternate, machine, pair_cells, parser, set_threads, synced  # noqa: E402
 
 
-def make_batch(responses: int, tokens: int, seed: int = 0):
-    """``(rewards, values, mask)``: float32, a prompt prefix, one hole and right padding per row."""
+def make_batch(responses: int, tokens: int, seed: int = 0, device: str = "cpu"):
+    """``(rewards, values, mask)``: float32 on ``device``, a prompt prefix, one hole and right
+    padding per row."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -41,7 +43,7 @@ def make_batch(responses: int, tokens: int, seed: int = 0):
     mask = ((pos >= start) & (pos < end) & ((pos < hole) | (pos >= hole + tokens // 64))).float()
     rewards = 0.01 * torch.randn(responses, tokens, generator=g) * mask
     values = torch.randn(responses, tokens, generator=g)
-    return rewards, values, mask
+    return rewards.to(device), values.to(device), mask.to(device)
 
 
 def cases(rewards, values, mask):
@@ -66,18 +68,19 @@ def cases(rewards, values, mask):
     }
 
 
-def run(shapes, rounds: int = 9) -> list[dict]:
+def run(shapes, rounds: int = 9, device: str = "cpu") -> list[dict]:
     """One row per (shape, case): whether the drop-in agreed with the loop and, where it did, the
     seconds per call of both in each round."""
     import torch
 
     rows = []
     for responses, tokens in shapes:
-        for name, (theirs, ours) in cases(*make_batch(responses, tokens)).items():
+        for name, (theirs, ours) in cases(*make_batch(responses, tokens, device=device)).items():
             agree = all(torch.allclose(a, b, rtol=1e-5, atol=1e-4) for a, b in zip(theirs(), ours()))
             row = {"shape": f"{responses} x {tokens}", "case": name, "agree": agree}
             if agree:
-                row["times"] = alternate({"loop": theirs, "rl_triton": ours}, rounds=rounds)
+                row["times"] = alternate({"loop": synced(theirs, device), "rl_triton": synced(ours, device)},
+                                         rounds=rounds)
             rows.append(row)
     return rows
 
@@ -87,6 +90,7 @@ def main() -> int:
     p.add_argument("--shapes", default="64x2048,16x16384", help="responses x tokens, comma-separated")
     p.add_argument("--rounds", type=int, default=9, help="rounds of alternating timed batches")
     p.add_argument("--threads", type=int, default=None, help="numba's and torch's threads (default: theirs)")
+    p.add_argument("--device", default="cpu", help="where the tensors are (cuda: both sides on the GPU)")
     a = p.parse_args()
     import torch
 
@@ -99,7 +103,7 @@ def main() -> int:
     print("| shape | loop | framework's loop | rl_triton | speed-up |")
     print("|---|---|---:|---:|---:|")
     failed = False
-    for row in run(shapes, a.rounds):
+    for row in run(shapes, a.rounds, a.device):
         if not row["agree"]:
             print(f"disagreement at {row['shape']}, {row['case']}: rl_triton's result is not the loop's")
             failed = True

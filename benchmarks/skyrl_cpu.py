@@ -15,6 +15,7 @@ counts are the machine's unless --threads is given. Needs SkyRL (``pip install -
 
     python benchmarks/skyrl_cpu.py --threads 2                   # 64 x 2048 and 16 x 16384 tokens
     python benchmarks/skyrl_cpu.py --shapes 8x512 --rounds 3 --estimators gae
+    python benchmarks/skyrl_cpu.py --device cuda                 # the tensors on the GPU (Triton)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common import alternate, machine, pair_cells, parser, set_threads  # noqa: E402
+from common import alternate, machine, pair_cells, parser, set_threads, synced  # noqa: E402
 
 GAMMA, LAMBDA, GROUP = 1.0, 0.95, 8
 # SkyRL's registry name -> the keyword arguments its function takes beyond rewards and mask
@@ -33,8 +34,9 @@ ESTIMATORS = {"gae": ("values", "gamma", "lambd"), "grpo": ("index",), "rloo": (
               "reinforce++": ("gamma",)}
 
 
-def make_batch(responses: int, tokens: int, seed: int = 0) -> dict:
-    """All keyword arguments any estimator takes, for ``responses`` x ``tokens``."""
+def make_batch(responses: int, tokens: int, seed: int = 0, device: str = "cpu") -> dict:
+    """All keyword arguments any estimator takes, for ``responses`` x ``tokens``, the tensors on
+    ``device``."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -44,8 +46,8 @@ def make_batch(responses: int, tokens: int, seed: int = 0) -> dict:
     rewards[torch.arange(responses), lengths - 1] += (torch.rand(responses, generator=g) < 0.5).float()
     values = torch.randn(responses, tokens, generator=g) * mask
     index = np.array([f"prompt-{i // GROUP}" for i in range(responses)], dtype=object)
-    return dict(token_level_rewards=rewards, response_mask=mask, values=values, index=index, gamma=GAMMA,
-                lambd=LAMBDA)
+    return dict(token_level_rewards=rewards.to(device), response_mask=mask.to(device), values=values.to(device),
+                index=index, gamma=GAMMA, lambd=LAMBDA)
 
 
 def call(fn, name: str, batch: dict):
@@ -55,7 +57,7 @@ def call(fn, name: str, batch: dict):
     return fn(**kwargs)
 
 
-def run(shapes, estimators, rounds: int = 9) -> list[dict]:
+def run(shapes, estimators, rounds: int = 9, device: str = "cpu") -> list[dict]:
     """One row per (shape, estimator): whether the drop-in agreed with SkyRL and, where it did,
     the seconds per call of both in each round."""
     import torch
@@ -68,7 +70,7 @@ def run(shapes, estimators, rounds: int = 9) -> list[dict]:
         raise RuntimeError("SkyRL is patched: unpatch() before timing its own functions")
     rows = []
     for responses, tokens in shapes:
-        batch = make_batch(responses, tokens)
+        batch = make_batch(responses, tokens, device=device)
         for name in estimators:
             theirs = getattr(ppo_utils, rt_skyrl.ESTIMATORS[name])
             ours = getattr(rt_skyrl, rt_skyrl.ESTIMATORS[name])
@@ -76,8 +78,9 @@ def run(shapes, estimators, rounds: int = 9) -> list[dict]:
                         for a, b in zip(call(theirs, name, batch), call(ours, name, batch)))
             row = {"shape": f"{responses} x {tokens}", "estimator": name, "agree": agree}
             if agree:
-                row["times"] = alternate({"skyrl": lambda: call(theirs, name, batch),
-                                          "rl_triton": lambda: call(ours, name, batch)}, rounds=rounds)
+                row["times"] = alternate({"skyrl": synced(lambda: call(theirs, name, batch), device),
+                                          "rl_triton": synced(lambda: call(ours, name, batch), device)},
+                                         rounds=rounds)
             rows.append(row)
     return rows
 
@@ -88,6 +91,7 @@ def main() -> int:
     p.add_argument("--estimators", default=",".join(ESTIMATORS), help="SkyRL registry names, comma-separated")
     p.add_argument("--rounds", type=int, default=9, help="rounds of alternating timed batches")
     p.add_argument("--threads", type=int, default=None, help="numba's and torch's threads (default: theirs)")
+    p.add_argument("--device", default="cpu", help="where the tensors are (cuda: both sides on the GPU)")
     a = p.parse_args()
     import torch
 
@@ -104,7 +108,7 @@ def main() -> int:
     print("| shape | estimator | SkyRL | rl_triton | speed-up |")
     print("|---|---|---:|---:|---:|")
     failed = False
-    for row in run(shapes, estimators, a.rounds):
+    for row in run(shapes, estimators, a.rounds, a.device):
         if not row["agree"]:
             print(f"disagreement at {row['shape']}, {row['estimator']}: rl_triton's result is not SkyRL's")
             failed = True

@@ -88,3 +88,15 @@ def test_dtypes_inputs_and_errors():
         compute_gae(r, v, m[:, 1:], no_eos, 1.0, 0.95)
     with pytest.raises(ValueError, match="lmbda"):
         compute_gae(r, v, m, no_eos, 1.0, 1.5)
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+def test_last_column_is_never_a_step(use_backend, dtype):
+    """AReaL's loop stops before the last column whatever the mask holds there (after its roll the
+    column is the first token's, normally a prompt token, 0; here it is set)."""
+    r, v, m, no_eos = batch(dtype, seed=4)
+    m[:, -1] = 1
+    adv, ret = compute_gae(r, v, m, no_eos, 0.99, 0.95)
+    ref_adv, ref_ret = areal_gae(r, v, m, no_eos, 0.99, 0.95)
+    close(adv, ref_adv.to(F64), dtype)
+    close(ret, ref_ret.to(F64), dtype)
