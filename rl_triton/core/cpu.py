@@ -62,7 +62,7 @@ def _bind(numba):
     """Define the numba helpers and bind them, with ``nb`` and ``prange``, as module globals."""
     global nb, prange, _inline, _where, _c_step, _c_gae, _c_masked_gae, _c_td_lambda_return, _c_discounted_return
     global _c_vtrace, _c_vtrace_pg, _c_retrace, _c_arrival_gae, _not, _flags, _clip, _gain, _edge, _masked_step
-    global _valid, _next_value, _all_binary, _implies, _nonzero_bytes
+    global _valid, _next_value, _all_binary, _implies, _nonzero_bytes, _spread_rows
     nb, prange = numba, numba.prange
     _inline = nb.njit(inline="always", cache=True)
 
@@ -158,6 +158,13 @@ def _bind(numba):
     def _nonzero_bytes(a, out):
         for i in range(a.size):
             out[i] = a[i] != 0
+
+    @nb.njit(cache=True, nogil=True)
+    def _spread_rows(values, mask, out):
+        for i in range(mask.shape[0]):
+            v = values[i]
+            for t in range(mask.shape[1]):
+                out[i, t] = v if mask[i, t] != 0 else 0.0
 
     # every helper must be a module global, where the loops (plain functions of this module) find
     # them; a name left out of the global statements above would stay local to this function
@@ -795,6 +802,23 @@ def row_moments(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     else:
         kernel(values, flags, out)
     return torch.from_numpy(out)
+
+
+def spread_rows(values: torch.Tensor, mask: torch.Tensor, out: torch.Tensor | None = None):
+    """``[B, L]``: ``values[i]`` where ``mask[i, t]`` is nonzero, else 0 (``out``, where given, is
+    written), in one pass with no temporaries; None where numba does not read these tensors (then
+    the caller's torch ops serve)."""
+    if not available() or values.requires_grad or values.dtype not in _NUMPY_DTYPES:
+        return None
+    m = _dense(mask)
+    if m is None or m.ndim != 2:
+        return None
+    if out is None:
+        out = torch.empty(mask.shape, dtype=values.dtype)
+    elif out.dtype not in _NUMPY_DTYPES:
+        return None
+    _spread_rows(values.detach().numpy(), m, out.numpy())
+    return out
 
 
 def all_binary(x: torch.Tensor) -> bool:

@@ -15,7 +15,7 @@ from numbers import Real
 import numpy as np
 import torch
 
-from . import inputs, launch
+from . import cpu, inputs, launch
 from .docstrings import documented
 
 MODES = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
@@ -142,7 +142,6 @@ def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out
     if B == 0 and group is None:
         return out if out is not None else torch.empty(shape, dtype=dtype, device=device)
 
-    valid = None if mask is None else mask if mask.dtype == torch.bool else mask != 0
     cd = inputs.compute_dtype(dtype)
     if group is None and backend == "triton" and B <= PAIRS_MAX_B and not torch.compiler.is_compiling() \
             and not (torch.is_grad_enabled() and scores.requires_grad):
@@ -153,10 +152,14 @@ def group_advantages(scores, group_ids, *, mode="grpo", mask=None, eps=1e-6, out
     else:
         adv = _spread_advantages(scores.to(cd), ids.to(torch.int64), num_groups, mode, eps, group)
     if mode == "reinforce_plus_plus_baseline":
-        adv = _whiten(adv, valid.sum(1), group)
+        adv = _whiten(adv, torch.count_nonzero(mask, 1), group)
     adv = adv.to(dtype)
     if mask is None:
         return adv if out is None else out.copy_(adv)
+    spread = cpu.spread_rows(adv, mask, out) if backend == "cpu" else None
+    if spread is not None:
+        return spread
+    valid = mask if mask.dtype == torch.bool else mask != 0
     if out is None:
         return torch.where(valid, adv[:, None], 0.0)
     return torch.where(valid, adv[:, None], adv.new_zeros(()), out=out)

@@ -188,8 +188,10 @@ def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, **
         _same_shape(r, m, "token_level_rewards")
         ids = _ids(index)
         sizes = collections.Counter(ids)
-        shared = torch.tensor([sizes[i] > 1 for i in ids], dtype=torch.bool, device=m.device)
-        adv = group_advantages(r.sum(dim=-1), ids, mode="rloo", mask=(m != 0) & shared[:, None])
+        adv = group_advantages(r.sum(dim=-1), ids, mode="rloo", mask=m)
+        alone = [i for i, g in enumerate(ids) if sizes[g] == 1]
+        if alone:  # a response alone in its group: 0 on every token, as SkyRL leaves it
+            adv[torch.tensor(alone, device=adv.device)] = 0.0
         adv = adv.to(_promoted(adv, m))
         return adv, adv
 
