@@ -533,6 +533,7 @@ class ChunkPlan:
 
 TAIL_STEPS = 1024  # the CPU's second pass first tries max(TAIL_STEPS, T/TAIL_FRACTION) steps
 TAIL_FRACTION = 16
+TAIL_GROWTH = 4  # then tails this many times longer, while shorter than the chunk
 
 
 def _second_pass(fn, kw, first, out, chunk, tdim, reverse, two_state, ref, backend):
@@ -542,14 +543,17 @@ def _second_pass(fn, kw, first, out, chunk, tdim, reverse, two_state, ref, backe
     scan starts (its last ``L`` steps for reverse scans, first for forward), when its map's gain
     from the carry is 0 on every row (a zero coefficient, a done, lies in it, or the product of
     coefficients underflows); then the outputs before it are the first pass's as they stand.
+    ``L`` is ``max(TAIL_STEPS, T/TAIL_FRACTION)``, then ``TAIL_GROWTH`` times longer while the
+    gain is not 0 and ``L`` is shorter than the chunk (at most 1.33 chunks run in tails).
     Otherwise, and on Triton (whose first pass computes the map alone), the whole chunk again.
     The tail runs into ``first`` and is copied into ``out`` after it: ``out`` may alias the
     inputs, which the tail still reads (the whole chunk's call handles aliasing itself)."""
     steps = ref.shape[tdim]
     tail = max(TAIL_STEPS, steps // TAIL_FRACTION)
     fresh = first if isinstance(first, tuple) else (first,)
-    if backend != "triton" and ref.device.type == "cpu" and tail < steps and all(
-            not isinstance(x, torch.Tensor) or name in PER_SEQUENCE or x.ndim == ref.ndim for name, x in kw.items()):
+    cuttable = backend != "triton" and ref.device.type == "cpu" and all(
+        not isinstance(x, torch.Tensor) or name in PER_SEQUENCE or x.ndim == ref.ndim for name, x in kw.items())
+    while cuttable and tail < steps:
         lo = steps - tail if reverse else 0
 
         def cut(name, x):
@@ -568,6 +572,7 @@ def _second_pass(fn, kw, first, out, chunk, tdim, reverse, two_state, ref, backe
             given = out if isinstance(out, (tuple, list)) else (out,)
             outs = tuple(o.copy_(f) for o, f in zip(given, fresh))
             return outs if len(outs) > 1 else outs[0]
+        tail *= TAIL_GROWTH
     return _one_call(fn, {**kw, "out": first if out is None else out}, chunk)
 
 
