@@ -27,6 +27,11 @@ after reading the offsets and every rank's token count on the host.
 
 A repeated call without boundary inputs on Triton runs as a :class:`ChunkPlan`: four device
 operations, the same exchange.
+
+A :class:`Shards` layout (``group=Shards(pg, pieces)``; Megatron-LM's zig-zag among them) gives a
+rank several pieces of the window in any order: each piece is a chunk of its own in steps 1 to 4,
+the pieces' numbers go in the same all-gathers (in global piece order once gathered) and each
+piece folds the maps beyond it. Such layouts take this general path, not the plan.
 """
 
 from __future__ import annotations
