@@ -318,6 +318,7 @@ class Shards:
         slot = {i: k * self.width + j for k, row in enumerate(rows) for j, i in enumerate(row)}
         # where each piece lies in the all-gather of every rank's width pieces (ranks with fewer pad)
         self.slots = [slot[i] for i in range(len(held))] + sorted(set(range(world * self.width)) - set(slot.values()))
+        self._slots_on = {}
 
     @classmethod
     def zigzag(cls, group) -> "Shards":
@@ -329,6 +330,13 @@ class Shards:
         _check_group_type(group)
         world = dist.get_world_size(group)
         return cls(group, [(k, 2 * world - 1 - k) for k in range(world)])
+
+    def slots_on(self, device) -> torch.Tensor:
+        """``slots`` as an index tensor on ``device``, made once per device."""
+        index = self._slots_on.get(device)
+        if index is None:
+            index = self._slots_on[device] = torch.tensor(self.slots, device=device)
+        return index
 
     @property
     def contiguous(self) -> bool:
@@ -380,7 +388,7 @@ class _Exchange:
         gathered = gather_ranks(local, self.group).view(-1, m)
         if self.slots is None:
             return gathered
-        return gathered.index_select(0, torch.tensor(self.slots, device=gathered.device))
+        return gathered.index_select(0, self.layout.slots_on(gathered.device))
 
 
 def _stepper(kw, rule, ref, tdim, cd):
