@@ -336,6 +336,19 @@ def _tail_worker(rank, world, group):
                 (what, lengths)
             for a, b in zip(got, whole):
                 _close(a, b[:, lo:hi], 1e-12, what)
+    # a done 500 steps before the end of each chunk: the tail of 256 steps misses it, the next
+    # (TAIL_GROWTH times longer) holds it
+    short, sharded.TAIL_STEPS = sharded.TAIL_STEPS, 256
+    late = torch.zeros_like(done)
+    late[:, steps - 500::steps] = True
+    for backend in _backends()[:2]:
+        whole = rl_triton.gae(r, v, done=late, bootstrap_value=boot, backend=backend)
+        lengths.clear()
+        got = _chunk_call("gae", (r, v), dict(done=late, bootstrap_value=boot), lo, hi, group, backend=backend)
+        assert lengths == [steps, 256, 256 * sharded.TAIL_GROWTH], (backend, lengths)
+        for a, b in zip(got, whole):
+            _close(a, b[:, lo:hi], 1e-12, f"gae, a done 500 steps before the chunk's end, on {backend}")
+    sharded.TAIL_STEPS = short
     sharded._one_call = one_call
 
 

@@ -27,6 +27,11 @@ after reading the offsets and every rank's token count on the host.
 
 A repeated call without boundary inputs on Triton runs as a :class:`ChunkPlan`: four device
 operations, the same exchange.
+
+A :class:`Shards` layout (``group=Shards(pg, pieces)``; Megatron-LM's zig-zag among them) gives a
+rank several pieces of the window in any order: each piece is a chunk of its own in steps 1 to 4,
+the pieces' numbers go in the same all-gathers (in global piece order once gathered) and each
+piece folds the maps beyond it. Such layouts take this general path, not the plan.
 """
 
 from __future__ import annotations
@@ -313,6 +318,7 @@ class Shards:
         slot = {i: k * self.width + j for k, row in enumerate(rows) for j, i in enumerate(row)}
         # where each piece lies in the all-gather of every rank's width pieces (ranks with fewer pad)
         self.slots = [slot[i] for i in range(len(held))] + sorted(set(range(world * self.width)) - set(slot.values()))
+        self._slots_on = {}
 
     @classmethod
     def zigzag(cls, group) -> "Shards":
@@ -324,6 +330,13 @@ class Shards:
         _check_group_type(group)
         world = dist.get_world_size(group)
         return cls(group, [(k, 2 * world - 1 - k) for k in range(world)])
+
+    def slots_on(self, device) -> torch.Tensor:
+        """``slots`` as an index tensor on ``device``, made once per device."""
+        index = self._slots_on.get(device)
+        if index is None:
+            index = self._slots_on[device] = torch.tensor(self.slots, device=device)
+        return index
 
     @property
     def contiguous(self) -> bool:
@@ -375,7 +388,7 @@ class _Exchange:
         gathered = gather_ranks(local, self.group).view(-1, m)
         if self.slots is None:
             return gathered
-        return gathered.index_select(0, torch.tensor(self.slots, device=gathered.device))
+        return gathered.index_select(0, self.layout.slots_on(gathered.device))
 
 
 def _stepper(kw, rule, ref, tdim, cd):
@@ -533,6 +546,7 @@ class ChunkPlan:
 
 TAIL_STEPS = 1024  # the CPU's second pass first tries max(TAIL_STEPS, T/TAIL_FRACTION) steps
 TAIL_FRACTION = 16
+TAIL_GROWTH = 4  # then tails this many times longer, while shorter than the chunk
 
 
 def _second_pass(fn, kw, first, out, chunk, tdim, reverse, two_state, ref, backend):
@@ -542,14 +556,17 @@ def _second_pass(fn, kw, first, out, chunk, tdim, reverse, two_state, ref, backe
     scan starts (its last ``L`` steps for reverse scans, first for forward), when its map's gain
     from the carry is 0 on every row (a zero coefficient, a done, lies in it, or the product of
     coefficients underflows); then the outputs before it are the first pass's as they stand.
+    ``L`` is ``max(TAIL_STEPS, T/TAIL_FRACTION)``, then ``TAIL_GROWTH`` times longer while the
+    gain is not 0 and ``L`` is shorter than the chunk (at most 1.33 chunks run in tails).
     Otherwise, and on Triton (whose first pass computes the map alone), the whole chunk again.
     The tail runs into ``first`` and is copied into ``out`` after it: ``out`` may alias the
     inputs, which the tail still reads (the whole chunk's call handles aliasing itself)."""
     steps = ref.shape[tdim]
     tail = max(TAIL_STEPS, steps // TAIL_FRACTION)
     fresh = first if isinstance(first, tuple) else (first,)
-    if backend != "triton" and ref.device.type == "cpu" and tail < steps and all(
-            not isinstance(x, torch.Tensor) or name in PER_SEQUENCE or x.ndim == ref.ndim for name, x in kw.items()):
+    cuttable = backend != "triton" and ref.device.type == "cpu" and all(
+        not isinstance(x, torch.Tensor) or name in PER_SEQUENCE or x.ndim == ref.ndim for name, x in kw.items())
+    while cuttable and tail < steps:
         lo = steps - tail if reverse else 0
 
         def cut(name, x):
@@ -568,6 +585,7 @@ def _second_pass(fn, kw, first, out, chunk, tdim, reverse, two_state, ref, backe
             given = out if isinstance(out, (tuple, list)) else (out,)
             outs = tuple(o.copy_(f) for o, f in zip(given, fresh))
             return outs if len(outs) > 1 else outs[0]
+        tail *= TAIL_GROWTH
     return _one_call(fn, {**kw, "out": first if out is None else out}, chunk)
 
 
