@@ -179,7 +179,7 @@ class PPO(_RslPPO):
     runners resolve ``module:Class`` names; up to 3.1 construct it directly).
 
     Args:
-        *args, **kwargs: rsl_rl's ``PPO`` arguments, as the installed version takes them.
+        *args: rsl_rl's ``PPO`` positional arguments, as the installed version takes them.
         global_normalisation: False (default): the whole-batch normalisation uses this process's
             rollout, as rsl_rl's; True: the rollouts of every rank of the default process group
             (``dist.group.WORLD``; one process's own where ``torch.distributed`` is not
@@ -187,6 +187,7 @@ class PPO(_RslPPO):
             advantages are ``(A - mean) / (std + 1e-8)`` with the mean and unbiased std of the
             concatenated rollouts. ``TypeError`` for other values. ``patch()``'s setting does not
             apply to this class.
+        **kwargs: rsl_rl's ``PPO`` keyword arguments.
     """
 
     def __init__(self, *args, global_normalisation=False, **kwargs):
@@ -248,6 +249,9 @@ def is_patched() -> bool:
 def patched(global_normalisation=False):
     """``with patched(): ...``: rsl_rl is patched for the block. Blocks nest, also across threads;
     rsl_rl's own method comes back when the last holder (block or ``patch()``) lets go.
-    ``global_normalisation`` as for ``patch()``, in effect while this block is the most recent
-    holder."""
+
+    Args:
+        global_normalisation: as for ``patch()``, in effect while this block is the most recent
+            holder.
+    """
     return _state.patched({"global_normalisation": normalisation_setting(global_normalisation)})
