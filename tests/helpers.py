@@ -859,14 +859,18 @@ def spawn_gloo(worker, world: int, *args) -> None:
     mp.spawn(_gloo_rank, args=(world, port, worker, args), nprocs=world, join=True)
 
 
-def concatenated_normalisation(parts, eps: float = 1e-8) -> list:
+def concatenated_normalisation(parts, masks=None, eps: float = 1e-8) -> list:
     """Each of ``parts`` (one rank's raw advantages each) normalised with the statistics of all
     of them concatenated, in float64: ``(A - mean) / (std + eps)`` with the unbiased std, the
-    rollout normalisation of rsl_rl, skrl and rl_games over the ranks' joint batch."""
+    rollout normalisation of rsl_rl, skrl and rl_games over the ranks' joint batch; with
+    ``masks`` (one per part, nonzero: valid) the statistics of the valid elements."""
     from rl_triton.testing import oracle
 
-    flat = np.concatenate([np.asarray(p, dtype=np.float64).ravel() for p in parts])
-    whitened = oracle.masked_whiten(flat, eps=eps, eps_mode="std")
+    def joined(arrays):
+        return np.concatenate([np.asarray(p, dtype=np.float64).ravel() for p in arrays])
+
+    flat = joined(parts)
+    whitened = oracle.masked_whiten(flat, None if masks is None else joined(masks) != 0, eps=eps, eps_mode="std")
     out, start = [], 0
     for p in parts:
         out.append(whitened[start:start + np.size(p)].reshape(np.shape(p)))
