@@ -362,6 +362,20 @@ def _normalisation_worker(rank, world, group, dtype):
     rt_rsl.patch()  # the setting back to the default: this rank's statistics, as rsl_rl's
     _close(_run(ppo, obs, lambda p, o: p.compute_returns(o))[1], local, dtype)
     rt_rsl.unpatch()
+    # a storage the drop-in hands to rsl_rl's own method (float64 returns for float32 values):
+    # its advantages, returns minus values, normalised again over the ranks
+    if dtype == F32:
+        def unmapped(k, per_mini_batch):
+            ppo_k, obs_k = _ppo(T, envs[k], dtype, per_mini_batch=per_mini_batch, seed=20 + k)
+            ppo_k.storage.returns = ppo_k.storage.returns.double()
+            return ppo_k, obs_k
+
+        raw = [_run(*unmapped(k, True), _original)[1].numpy() for k in range(world)]
+        want = torch.from_numpy(concatenated_normalisation(raw)[rank])
+        with rt_rsl.patched(global_normalisation=True):
+            got = _run(*unmapped(rank, False), lambda p, o: p.compute_returns(o))[1]
+        assert got.dtype == F64
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
