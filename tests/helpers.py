@@ -832,3 +832,47 @@ def leave_rank_process() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _gloo_rank(rank, world, port, worker, args) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        worker(rank, world, dist.group.WORLD, *args)
+    finally:
+        dist.destroy_process_group()
+    leave_rank_process()
+
+
+def spawn_gloo(worker, world: int, *args) -> None:
+    """``worker(rank, world, group, *args)`` in ``world`` processes joined by a gloo process
+    group on this machine (``group`` is ``dist.group.WORLD``); a rank's exception fails the call.
+    ``worker`` is a module-level function, which the spawned processes import by name."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_gloo_rank, args=(world, port, worker, args), nprocs=world, join=True)
+
+
+def concatenated_normalisation(parts, masks=None, eps: float = 1e-8) -> list:
+    """Each of ``parts`` (one rank's raw advantages each) normalised with the statistics of all
+    of them concatenated, in float64: ``(A - mean) / (std + eps)`` with the unbiased std, the
+    rollout normalisation of rsl_rl, skrl and rl_games over the ranks' joint batch; with
+    ``masks`` (one per part, nonzero: valid) the statistics of the valid elements."""
+    from rl_triton.testing import oracle
+
+    def joined(arrays):
+        return np.concatenate([np.asarray(p, dtype=np.float64).ravel() for p in arrays])
+
+    flat = joined(parts)
+    whitened = oracle.masked_whiten(flat, None if masks is None else joined(masks) != 0, eps=eps, eps_mode="std")
+    out, start = [], 0
+    for p in parts:
+        out.append(whitened[start:start + np.size(p)].reshape(np.shape(p)))
+        start += np.size(p)
+    return out

@@ -18,7 +18,7 @@ from rl_triton.core import launch
 from rl_triton.testing import catalog, oracle
 from rl_triton.testing.frameworks import verl_compute_gae_advantage_return
 
-from helpers import leave_rank_process
+from helpers import spawn_gloo
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
@@ -43,22 +43,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(worker, world, *args):
-    """``worker(rank, world, group, *args)`` on ``world`` gloo ranks."""
-    import torch.multiprocessing as mp
-
-    mp.spawn(_rank, args=(world, _free_port(), worker, *args), nprocs=world, join=True)
-
-
-def _rank(rank, world, port, worker, *args):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        worker(rank, world, dist.group.WORLD, *args)
-    finally:
-        dist.destroy_process_group()
-    leave_rank_process()
+_spawn = spawn_gloo  # worker(rank, world, group, *args) on world gloo ranks
 
 
 def _bounds(world, steps=None):
@@ -543,7 +528,7 @@ def test_bytes_per_rank_do_not_grow_with_time():
     world = 2
     with mp.Manager() as manager:
         sent = manager.dict()
-        mp.spawn(_rank, args=(world, _free_port(), _bytes_worker, sent), nprocs=world, join=True)
+        spawn_gloo(_bytes_worker, world, sent)
         sent = dict(sent)
     for key, n in sent.items():
         assert 0 < n <= BYTES_PER_ROW * ROWS, (key, n)

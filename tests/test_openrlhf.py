@@ -289,6 +289,76 @@ def test_normalize_over_ranks_matches_one_process():
     mp.spawn(_normalize_worker, args=(2, _free_port()), nprocs=2, join=True)
 
 
+# -- REINFORCE++ with baseline (estimator "reinforce_baseline") as a composition -----------------
+# OpenRLHF 0.11.0 (the PyPI wheel), transcribed in float64: openrlhf/models/utils.py
+# compute_reward (the shaped score at each row's last action token, minus kl_coef * kl), and in
+# openrlhf/trainer/ppo_utils/experience_maker.py RemoteExperienceMaker.compute_advantages_and_returns
+# the steps of estimator "reinforce_baseline": the scores put in prompt order by the experiences'
+# index, each prompt's n samples minus their mean, split back; compute_reward per experience; the
+# cumulative returns with gamma = 1; the normalisation across experiences.
+def openrlhf_compute_reward(score, kl_coef, kl, action_mask, clip=None):
+    kl_coef = max(kl_coef, 0.0)
+    if clip:
+        score = score.clamp(min=clip[0], max=clip[1])
+    last = action_mask.size(1) - 1 - action_mask.long().fliplr().argmax(dim=1, keepdim=True)
+    placed = torch.zeros_like(kl).scatter_(1, last, score.unsqueeze(1).to(kl.dtype))
+    return placed + (-kl_coef * kl)
+
+
+def openrlhf_reinforce_baseline(scores, indices, kls, masks, n, kl_coef, clip=None, stat_dtype=F64):
+    lengths = [len(k) for k in kls]
+    flat = torch.cat(scores)
+    ordered = torch.empty_like(flat)
+    ordered[indices] = flat
+    grouped = ordered.reshape(-1, n)
+    shaped = (grouped - grouped.mean(-1, keepdim=True)).reshape(-1)[indices].split(lengths)
+    returns = [TRANSCRIPTION.get_cumulative_returns(openrlhf_compute_reward(s, kl_coef, k, m, clip), m, 1.0)
+               for s, k, m in zip(shaped, kls, masks)]
+    return openrlhf_normalize(returns, masks, stat_dtype=stat_dtype)
+
+
+def reinforce_baseline_recipe(scores, indices, kls, masks, n, kl_coef, clip=None):
+    """docs/openrlhf.md, "REINFORCE++ with baseline": group_advantages(mode="drgrpo") for the
+    baseline, OpenRLHF's own compute_reward, get_cumulative_returns (discounted_return) with
+    gamma = 1, normalize_advantages (masked_whiten) across the experiences."""
+    import rl_triton
+
+    flat, lengths = torch.cat(scores), [len(s) for s in scores]
+    shaped = rl_triton.group_advantages(flat, indices // n, mode="drgrpo").split(lengths)
+    returns = [get_cumulative_returns(openrlhf_compute_reward(s, kl_coef, k, m, clip), m, 1.0)
+               for s, k, m in zip(shaped, kls, masks)]
+    return normalize_advantages(returns, masks)
+
+
+def _reinforce_baseline_step(dtype, n, seed):
+    """A step of 3 prompts x n samples, shuffled over experiences of 5, 4 and the rest, with the
+    action masks of ``experience`` (one row without an action token) and per-token KL."""
+    g = torch.Generator().manual_seed(seed)
+    total = 3 * n
+    indices = torch.randperm(total, generator=g)
+    sizes = [5, 4, total - 9]
+    masks = [experience(B, dtype, seed=seed + B, turns=1 + B % 2)[2] for B in sizes]
+    kls = [(torch.rand(m.shape, generator=g, dtype=F64) * 0.2).to(dtype) for m in masks]
+    scores = list(torch.randn(total, generator=g, dtype=F64).to(dtype).split(sizes))
+    scores[0][1] = scores[0][0]  # ties within and across prompts
+    return scores, indices, kls, masks
+
+
+@pytest.mark.parametrize("use_backend", BACKENDS, indirect=True)
+@pytest.mark.parametrize("n,kl_coef,clip", [(4, 0.05, None), (8, 0.0, (-0.5, 0.5)), (5, -1.0, None)])
+def test_reinforce_baseline_recipe_matches_openrlhf(use_backend, n, kl_coef, clip):
+    for dtype in (F64, F32):
+        scores, indices, kls, masks = _reinforce_baseline_step(dtype, n, seed=n)
+        want = openrlhf_reinforce_baseline(scores, indices, kls, masks, n, kl_coef, clip, stat_dtype=dtype)
+        got = reinforce_baseline_recipe(scores, indices, kls, masks, n, kl_coef, clip)
+        for g_, w in zip(got, want, strict=True):
+            assert g_.dtype == dtype and g_.shape == w.shape
+            _close(g_, w, dtype)
+    # the baseline matters here: without it the advantages differ
+    plain = openrlhf_reinforce_baseline(scores, indices, kls, masks, 1, kl_coef, clip, stat_dtype=F32)
+    assert not all(torch.allclose(a, b, atol=1e-3) for a, b in zip(plain, want))
+
+
 # -- the patch, on a stand-in openrlhf -----------------------------------------------------------
 @pytest.fixture
 def fake_openrlhf(monkeypatch):

@@ -13,7 +13,9 @@ pytest.importorskip("rl_games")
 from rl_games.common.a2c_common import A2CBase  # noqa: E402
 
 import rl_triton.integrations.rl_games as rt_rl_games  # noqa: E402
-from helpers import count_calls, held_in_thread  # noqa: E402
+from helpers import concatenated_normalisation, count_calls, held_in_thread, spawn_gloo  # noqa: E402
+
+F64 = torch.float64
 
 ORIGINALS = {name: A2CBase.__dict__[name] for name in ("discount_values", "discount_values_masks")}
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-12, atol=1e-12)}
@@ -200,6 +202,14 @@ def test_patch_contract():
         rt_rl_games.unpatch()
         assert A2CBase.discount_values is rt_rl_games.discount_values
     assert all(A2CBase.__dict__[name] is fn for name, fn in ORIGINALS.items())
+    # prepare_dataset of the two bases: wrapped while patched, rl_games' own function after
+    from rl_games.common import a2c_common
+
+    bases = [a2c_common.ContinuousA2CBase, a2c_common.DiscreteA2CBase]
+    theirs = [cls.__dict__["prepare_dataset"] for cls in bases]
+    with rt_rl_games.patched():
+        assert all(cls.__dict__["prepare_dataset"] is not fn for cls, fn in zip(bases, theirs))
+    assert all(cls.__dict__["prepare_dataset"] is fn for cls, fn in zip(bases, theirs))
 
 
 def test_agent_classes_and_register():
@@ -321,3 +331,97 @@ def test_repeated_calls_read_no_tensor_back(monkeypatch):
     assert reads == []
     torch.testing.assert_close(again, first, rtol=0, atol=0)
     torch.testing.assert_close(again, ORIGINALS["discount_values"](agent, *args), rtol=0, atol=0)
+
+
+# -- global_normalisation: the statistics over the ranks, after rl_games' prepare_dataset ----------
+class _Dataset:
+    def update_values_dict(self, values_dict):
+        self.values_dict = values_dict
+
+
+def _agent(cls, is_rnn, config, central=False):
+    """An agent of ``cls`` (rl_games' class, or one with ``FusedDiscount`` first) with what
+    ``prepare_dataset`` reads: advantages normalised over the batch, no value normalisation."""
+    agent = object.__new__(cls)
+    agent.config, agent.is_rnn, agent.has_central_value = config, is_rnn, central
+    agent.normalize_value, agent.normalize_advantage, agent.normalize_rms_advantage = False, True, False
+    agent.use_action_masks, agent.dataset = False, _Dataset()
+    if central:
+        agent.central_value_net = types.SimpleNamespace(dataset=_Dataset())
+        agent.central_value_net.update_dataset = agent.central_value_net.dataset.update_values_dict
+    return agent
+
+
+def _batch(rank, dtype, K=2):
+    """Rank ``rank``'s batch: 24 + 5 * rank samples, ``K`` value heads, RNN masks with zeros."""
+    g = torch.Generator().manual_seed(50 + rank)
+    B = 24 + 5 * rank
+    batch = {name: torch.randn(B, K, generator=g, dtype=F64).to(dtype) for name in ("returns", "values")}
+    batch.update({name: torch.randn(B, 1, generator=g) for name in ("obses", "states", "actions", "neglogpacs", "mus",
+                                                                    "sigmas", "dones")})
+    batch["rnn_masks"] = (torch.rand(B, generator=g) < 0.7).to(dtype)
+    return batch
+
+
+def _normalisation_worker(rank, world, group, dtype):
+    """With global_normalisation (patch()'s, or the agent config's field with the agent classes'
+    mixin) each rank's dataset advantages are normalised with the statistics of every rank's
+    batch (the valid elements under RNN masks), float64 formula; rl_games' own otherwise."""
+    from rl_games.common.a2c_common import ContinuousA2CBase, DiscreteA2CBase
+
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=2e-6, atol=2e-6)
+    batches = [_batch(k, dtype) for k in range(world)]
+    raw = [(b["returns"] - b["values"]).sum(1).double().numpy() for b in batches]
+    for cls in (ContinuousA2CBase, DiscreteA2CBase):
+        for is_rnn in (False, True):
+            masks = [b["rnn_masks"].numpy() for b in batches] if is_rnn else None
+            want = torch.from_numpy(concatenated_normalisation(raw, masks)[rank]).to(dtype)
+            mine = dict(batches[rank])
+            local = _agent(cls, is_rnn, {})
+            cls.prepare_dataset(local, mine)
+            local = local.dataset.values_dict["advantages"]
+            assert not torch.allclose(local, want, rtol=1e-3, atol=1e-3)  # the statistics differ here
+            for setting in (True, group):
+                rt_rl_games.patch(global_normalisation=setting)
+                agent = _agent(cls, is_rnn, {}, central=True)
+                cls.prepare_dataset(agent, mine)
+                for got in (agent.dataset.values_dict, agent.central_value_net.dataset.values_dict):
+                    torch.testing.assert_close(got["advantages"], want, **tol)
+                rt_rl_games.unpatch()
+                fused = type("Agent", (rt_rl_games.FusedDiscount, cls), {})
+                agent = _agent(fused, is_rnn, {"global_normalisation": setting})
+                agent.prepare_dataset(mine)
+                torch.testing.assert_close(agent.dataset.values_dict["advantages"], want, **tol)
+            with rt_rl_games.patched():  # the default: rl_games' own statistics
+                agent = _agent(cls, is_rnn, {})
+                cls.prepare_dataset(agent, mine)
+                assert torch.equal(agent.dataset.values_dict["advantages"], local)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                    reason="needs torch.distributed with gloo")
+@pytest.mark.parametrize("world,dtype", [(2, F64), (3, torch.float32)])
+def test_global_normalisation_over_ranks(world, dtype):
+    spawn_gloo(_normalisation_worker, world, dtype)
+
+
+def test_global_normalisation_without_process_group_is_local_and_checked():
+    from rl_games.common.a2c_common import ContinuousA2CBase
+
+    batch = _batch(0, F64)
+    want = _agent(ContinuousA2CBase, False, {})
+    ContinuousA2CBase.prepare_dataset(want, batch)
+    with rt_rl_games.patched(global_normalisation=True):
+        got = _agent(ContinuousA2CBase, False, {})
+        ContinuousA2CBase.prepare_dataset(got, batch)
+        torch.testing.assert_close(got.dataset.values_dict["advantages"], want.dataset.values_dict["advantages"],
+                                   rtol=1e-12, atol=1e-12)
+        bad = _agent(ContinuousA2CBase, False, {"global_normalisation": "yes"})
+        with pytest.raises(TypeError, match="global_normalisation"):
+            ContinuousA2CBase.prepare_dataset(bad, batch)
+    for value in ("yes", 1, None):
+        with pytest.raises(TypeError, match="global_normalisation"):
+            rt_rl_games.patch(global_normalisation=value)
+        with pytest.raises(TypeError, match="global_normalisation"):
+            rt_rl_games.patched(global_normalisation=value)
+    assert not rt_rl_games.is_patched()

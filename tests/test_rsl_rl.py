@@ -19,6 +19,8 @@ TensorDict = pytest.importorskip("tensordict").TensorDict
 import rl_triton.integrations.rsl_rl as rt_rsl  # noqa: E402
 from rl_triton.testing import oracle  # noqa: E402
 
+from helpers import concatenated_normalisation, spawn_gloo  # noqa: E402
+
 F64, F32 = torch.float64, torch.float32
 # rsl_rl's loop forms (1 - dones).float() * gamma, so with float64 storage (torch's default dtype
 # set to float64) its gamma and gamma * lam are rounded to float32: 1e-6 apart from the float64
@@ -34,9 +36,11 @@ def _restore():
     rt_rsl.unpatch()
 
 
-def _ppo(T, N, dtype, recurrent=False, per_mini_batch=False, gamma=0.99, lam=0.95, seed=0):
-    """A real rsl_rl PPO with its own storage and models (the installed version's API), the
-    storage filled with a random rollout; returns (ppo, obs)."""
+def _ppo(T, N, dtype, recurrent=False, per_mini_batch=False, gamma=0.99, lam=0.95, seed=0, cls=None, **cls_kw):
+    """A real rsl_rl PPO (``cls``, default rsl_rl's, with ``cls_kw``) with its own storage and
+    models (the installed version's API), the storage filled with a random rollout; returns
+    (ppo, obs)."""
+    cls_ppo = cls or rsl_rl.algorithms.PPO
     torch.manual_seed(seed)
     obs = TensorDict({"policy": torch.randn(N, 3, dtype=dtype)}, batch_size=[N])
     groups = {"policy" if OLD else "actor": ["policy"], "critic": ["policy"]}
@@ -47,7 +51,7 @@ def _ppo(T, N, dtype, recurrent=False, per_mini_batch=False, gamma=0.99, lam=0.9
         cls = ActorCriticRecurrent if recurrent else ActorCritic
         extra = dict(rnn_hidden_dim=4, rnn_type="gru") if recurrent else {}
         policy = cls(obs, groups, 2, actor_hidden_dims=[8], critic_hidden_dims=[8], **extra).to(dtype)
-        ppo = rsl_rl.algorithms.PPO(policy, **kw)
+        ppo = cls_ppo(policy, **kw, **cls_kw)
         ppo.init_storage("rl", N, T, obs, [2])
     else:
         from rsl_rl.models import MLPModel, RNNModel
@@ -56,7 +60,7 @@ def _ppo(T, N, dtype, recurrent=False, per_mini_batch=False, gamma=0.99, lam=0.9
         critic = (RNNModel(obs, groups, "critic", 1, hidden_dims=[8], rnn_type="gru", rnn_hidden_dim=4) if recurrent
                   else MLPModel(obs, groups, "critic", 1, hidden_dims=[8]))
         storage = rsl_rl.storage.RolloutStorage("rl", N, T, obs, [2], "cpu")
-        ppo = rsl_rl.algorithms.PPO(actor.to(dtype), critic.to(dtype), storage, **kw)
+        ppo = cls_ppo(actor.to(dtype), critic.to(dtype), storage, **kw, **cls_kw)
     st = ppo.storage
     g = torch.Generator().manual_seed(seed + 1)
     st.rewards = torch.randn(T, N, 1, generator=g, dtype=F64).to(dtype)
@@ -333,3 +337,70 @@ def test_nan_stops_at_the_episode_end():
         assert b[:8, 2].isnan().all() and a[5:8, 2].isnan().all()
         assert torch.equal(a[5:].isnan(), b[5:].isnan())
         _close(a[:5], c[:5], F32)
+
+
+# -- global_normalisation: the statistics over the ranks ---------------------------------------------
+def _normalisation_worker(rank, world, group, dtype):
+    """Rank k holds a rollout of 12 steps and 5 + k environments: with global_normalisation the
+    advantages are normalised with the statistics of all ranks' rollouts concatenated (rsl_rl's
+    own loop for the raw advantages, the float64 formula for the statistics), by patch() and by
+    the PPO class; without it, as rsl_rl's method, with this rank's own."""
+    T, envs = 12, [5 + k for k in range(world)]
+    raw = [_run(*_ppo(T, envs[k], dtype, per_mini_batch=True, seed=20 + k), _original)[1].double().numpy()
+           for k in range(world)]
+    want = torch.from_numpy(concatenated_normalisation(raw)[rank]).to(dtype)
+    ppo, obs = _ppo(T, envs[rank], dtype, seed=20 + rank)
+    local = _run(ppo, obs, _original)[1]
+    assert not torch.allclose(local, want, rtol=1e-3, atol=1e-3)  # the two statistics differ here
+    for setting in (True, group):
+        rt_rsl.patch(global_normalisation=setting)
+        got = _run(ppo, obs, lambda p, o: p.compute_returns(o))[1]
+        _close(got, want, dtype)
+        assert got.dtype == dtype
+        theirs, obs_cls = _ppo(T, envs[rank], dtype, seed=20 + rank, cls=rt_rsl.PPO, global_normalisation=setting)
+        _close(_run(theirs, obs_cls, rt_rsl.PPO.compute_returns)[1], want, dtype)
+    rt_rsl.patch()  # the setting back to the default: this rank's statistics, as rsl_rl's
+    _close(_run(ppo, obs, lambda p, o: p.compute_returns(o))[1], local, dtype)
+    rt_rsl.unpatch()
+    # a storage the drop-in hands to rsl_rl's own method (float64 returns for float32 values):
+    # its advantages, returns minus values, normalised again over the ranks
+    if dtype == F32:
+        def unmapped(k, per_mini_batch):
+            ppo_k, obs_k = _ppo(T, envs[k], dtype, per_mini_batch=per_mini_batch, seed=20 + k)
+            ppo_k.storage.returns = ppo_k.storage.returns.double()
+            return ppo_k, obs_k
+
+        raw = [_run(*unmapped(k, True), _original)[1].numpy() for k in range(world)]
+        want = torch.from_numpy(concatenated_normalisation(raw)[rank])
+        with rt_rsl.patched(global_normalisation=True):
+            got = _run(*unmapped(rank, False), lambda p, o: p.compute_returns(o))[1]
+        assert got.dtype == F64
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                    reason="needs torch.distributed with gloo")
+@pytest.mark.parametrize("world,dtype", [(2, F64), (3, F32)])
+def test_global_normalisation_over_ranks(world, dtype):
+    spawn_gloo(_normalisation_worker, world, dtype)
+
+
+def test_global_normalisation_without_process_group_is_local():
+    """True in a process without torch.distributed initialised: its rollout is the whole batch."""
+    ppo, obs = _ppo(10, 7, F64, seed=4)
+    want = _run(ppo, obs, _original)
+    rt_rsl.patch(global_normalisation=True)
+    got = _run(ppo, obs, lambda p, o: p.compute_returns(o))
+    _close(got[1], want[1], F64)
+    _close(got[0], want[0], F64)
+
+
+def test_global_normalisation_rejects_other_values():
+    for bad in ("yes", 1, None):
+        with pytest.raises(TypeError, match="global_normalisation"):
+            rt_rsl.patch(global_normalisation=bad)
+        with pytest.raises(TypeError, match="global_normalisation"):
+            rt_rsl.patched(global_normalisation=bad)
+        with pytest.raises(TypeError, match="global_normalisation"):
+            _ppo(4, 3, F64, cls=rt_rsl.PPO, global_normalisation=bad)
+    assert not rt_rsl.is_patched()

@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("gymnasium")
 pytest.importorskip("skrl")
 import rl_triton.integrations.skrl as rt_skrl  # noqa: E402
-from helpers import count_calls, held_in_thread  # noqa: E402
+from helpers import concatenated_normalisation, count_calls, held_in_thread, spawn_gloo  # noqa: E402
 
 ORIGINALS = dict(rt_skrl._ORIGINALS) if rt_skrl._load() else {}
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-12, atol=1e-12)}
@@ -344,3 +344,81 @@ def test_repeated_calls_read_no_tensor_back(monkeypatch):
     assert reads == []
     _close(again, first, torch.float64)
     _close(again, ORIGINALS[rt_skrl.FEED_FORWARD[2]](**kw), torch.float64)
+
+
+# -- global_normalisation: the statistics over the ranks ---------------------------------------------
+FF, RNN = "skrl.agents.torch.ppo.ppo", "skrl.agents.torch.ppo.ppo_rnn"
+
+
+def _skrl_kwargs(module, rank, dtype):
+    """skrl's arguments for rank ``rank``'s rollout (12 steps, 5 + rank environments)."""
+    rewards, values, last_values, terminated, truncated = _rollout(12, 5 + rank, dtype, 40 + rank)
+    if module == RNN:
+        return dict(rewards=rewards, terminated=terminated, values=values, next_values=last_values,
+                    discount_factor=0.97, lambda_coefficient=0.9)
+    return dict(rewards=rewards, terminated=terminated, truncated=truncated, values=values, last_values=last_values,
+                discount_factor=0.97, lambda_coefficient=0.9, time_limit_bootstrap=True)
+
+
+class _Updating:
+    """A stand-in agent whose update calls its module's compute_gae, as skrl's agents do."""
+
+    def __init__(self, module, kwargs):
+        self.module, self.kwargs = module, kwargs
+
+    def update(self):
+        return rt_skrl._MODULES[self.module].compute_gae(**self.kwargs)
+
+
+class _FusedAgent(rt_skrl.FusedUpdate, _Updating):
+    pass
+
+
+def _normalisation_worker(rank, world, group, dtype):
+    """With global_normalisation each rank's advantages are normalised with the statistics of all
+    ranks' rollouts concatenated (skrl's own returns, minus the values, for the raw advantages;
+    the float64 formula for the statistics), by patch() and by an agent of the classes here; the
+    returns are skrl's; without it, skrl's per-rank result."""
+    for module in (FF, RNN):
+        theirs = [ORIGINALS[module](**_skrl_kwargs(module, k, dtype)) for k in range(world)]
+        raw = [(ret - _skrl_kwargs(module, k, dtype)["values"]).double().numpy() for k, (ret, _) in enumerate(theirs)]
+        want = (theirs[rank][0], torch.from_numpy(concatenated_normalisation(raw)[rank]).to(dtype))
+        kw = _skrl_kwargs(module, rank, dtype)
+        assert not torch.allclose(theirs[rank][1], want[1], rtol=1e-3, atol=1e-3)  # the statistics differ
+        for setting in (True, group):
+            rt_skrl.patch(global_normalisation=setting)
+            _close(rt_skrl._MODULES[module].compute_gae(**kw), want, dtype)
+            rt_skrl.patch()  # this rank's statistics, as skrl's; an agent's own setting wins
+            agent = _FusedAgent(module, kw)
+            agent.global_normalisation = setting
+            _close(agent.update(), want, dtype)
+            _close(rt_skrl._MODULES[module].compute_gae(**kw), theirs[rank], dtype)
+            rt_skrl.unpatch()
+            _close(agent.update(), want, dtype)
+            _close(_FusedAgent(module, kw).update(), theirs[rank], dtype)  # the class default: skrl's
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                    reason="needs torch.distributed with gloo")
+@pytest.mark.parametrize("world,dtype", [(2, torch.float64), (4, torch.float32)])
+def test_global_normalisation_over_ranks(world, dtype):
+    spawn_gloo(_normalisation_worker, world, dtype)
+
+
+def test_global_normalisation_without_process_group_is_local():
+    kw = _skrl_kwargs(FF, 0, torch.float64)
+    rt_skrl.patch(global_normalisation=True)
+    _close(rt_skrl._MODULES[FF].compute_gae(**kw), ORIGINALS[FF](**kw), torch.float64)
+
+
+def test_global_normalisation_rejects_other_values():
+    for bad in ("yes", 1, None):
+        with pytest.raises(TypeError, match="global_normalisation"):
+            rt_skrl.patch(global_normalisation=bad)
+        with pytest.raises(TypeError, match="global_normalisation"):
+            rt_skrl.patched(global_normalisation=bad)
+        agent = _FusedAgent(FF, _skrl_kwargs(FF, 0, torch.float64))
+        agent.global_normalisation = bad
+        with pytest.raises(TypeError, match="global_normalisation"):
+            agent.update()
+    assert not rt_skrl.is_patched()

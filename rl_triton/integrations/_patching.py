@@ -142,3 +142,30 @@ def raising_as(theirs):
         return call
 
     return decorate
+
+
+def normalisation_setting(global_normalisation, name: str = "global_normalisation"):
+    """A drop-in's ``global_normalisation`` argument, checked: False (the framework's statistics
+    of this process's rollout), True (those of every rank of the default process group) or a
+    ``torch.distributed`` ProcessGroup (those of its ranks). ``TypeError`` naming ``name`` for
+    anything else; returned as given."""
+    if isinstance(global_normalisation, bool):
+        return global_normalisation
+    dist = torch.distributed
+    if dist.is_available() and isinstance(global_normalisation, dist.ProcessGroup):
+        return global_normalisation
+    raise TypeError(f"{name} must be a bool or a torch.distributed ProcessGroup, "
+                    f"got {type(global_normalisation).__name__}")
+
+
+def normalisation_group(global_normalisation):
+    """The process group whose ranks' rollouts the advantage statistics span, for ``whiten=
+    dict(group=...)``: None for False, and for True where ``torch.distributed`` is not
+    initialised (one process, whose rollout is the whole batch); the default group
+    (``dist.group.WORLD``) for True in an initialised process; a ProcessGroup as given."""
+    if global_normalisation is False:
+        return None
+    if global_normalisation is True:
+        dist = torch.distributed
+        return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+    return global_normalisation

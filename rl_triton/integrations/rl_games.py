@@ -30,6 +30,15 @@ it above gamma (float64 rollouts, float32 flags, tau = 1) the recurrence runs as
 ``affine_scan`` on rl_games' per-step coefficients. Inputs of any other form (bool done flags
 too), or a horizon that is not the tensors' length, take rl_games' own loop; where the fused
 call raises, the method raises what rl_games' own method raises, if it does.
+
+Normalisation over the ranks (opt-in): with ``global_normalisation`` (``patch()``'s argument, or
+the field ``global_normalisation`` of the agent's config, ``params.config`` of the yaml) the
+whole-batch normalisation of the advantages in ``prepare_dataset`` takes the mean and std of the
+rollouts of every rank of a ``torch.distributed`` process group (``whiten=dict(group=...)``,
+docs/distributed.md) instead of this process's; ``prepare_dataset`` is rl_games' own, after which
+the dataset's advantages are normalised again with those statistics. Off by default, as
+rl_games' multi-GPU runs normalise per rank; ``normalize_rms_advantage`` (running statistics)
+is left as it is.
 """
 
 from __future__ import annotations
@@ -41,12 +50,12 @@ import threading
 
 import torch
 
-from .. import affine_scan, gae
-from ._patching import PatchState, error_of, requires_framework, rounded
+from .. import affine_scan, gae, masked_whiten
+from ._patching import PatchState, error_of, normalisation_group, normalisation_setting, requires_framework, rounded
 
 # the agent classes (AGENTS) are module attributes made on first access, not listed here
 __all__ = ["AGENTS", "FusedDiscount", "METHODS", "RL_GAMES_VERSION", "discount_values", "discount_values_masks",
-           "is_patched", "patch", "patched", "register", "unpatch"]
+           "is_patched", "normalise_over_ranks", "patch", "patched", "register", "unpatch"]
 
 RL_GAMES_VERSION = "1.6.5"  # the version these drop-ins were written and checked against
 _A2C_COMMON = "rl_games.common.a2c_common"
@@ -57,16 +66,22 @@ AGENTS = {"A2CAgent": ("rl_games.algos_torch.a2c_continuous", "a2c_continuous"),
 
 _lock = threading.Lock()
 _ORIGINALS: dict = {}  # method name -> A2CBase's function, as found when rl_games is first used here
+# the classes whose prepare_dataset normalises the advantages -> that function, as found then
+_PREPARE_CLASSES = ("DiscreteA2CBase", "ContinuousA2CBase")
+_PREPARE: dict = {}
 
 
 def _base():
     """rl_games' ``A2CBase``, imported on first use; its methods are recorded then.
     ``FrameworkNotInstalled`` where rl_games is not installed."""
     requires_framework(__name__, "rl_games", "rl_games", extra="rl-games")
-    base = importlib.import_module(_A2C_COMMON).A2CBase
+    common = importlib.import_module(_A2C_COMMON)
+    base = common.A2CBase
     with _lock:
         if not _ORIGINALS:
             _ORIGINALS.update({name: base.__dict__[name] for name in METHODS})
+            _PREPARE.update({getattr(common, name): getattr(common, name).__dict__["prepare_dataset"]
+                             for name in _PREPARE_CLASSES})
     return base
 
 
@@ -193,11 +208,64 @@ Args:
 """
 
 
+def _global_group(agent):
+    """The process group of the agent's advantage statistics: its config's
+    ``global_normalisation`` where that is set to other than False, else ``patch()``'s."""
+    config = getattr(agent, "config", None)
+    setting = config.get("global_normalisation", False) if isinstance(config, dict) else False
+    if setting is False:
+        setting = _state.settings(_DEFAULTS)["global_normalisation"]
+    return normalisation_group(normalisation_setting(setting, "config['global_normalisation']"))
+
+
+def normalise_over_ranks(agent, batch_dict) -> None:
+    """After rl_games' ``prepare_dataset``: where the agent asks for ``global_normalisation`` and
+    normalises its advantages over the whole batch (``normalize_advantage`` on,
+    ``normalize_rms_advantage`` off), its dataset's advantages again, with the statistics of
+    every rank's batch: A = sum over the value heads of (returns - values), then (A - mean) /
+    (std + 1e-8), mean and unbiased std over the valid elements (``rnn_masks`` nonzero, or all)
+    of every rank of the group. Otherwise nothing.
+
+    Args:
+        agent: the agent (an ``A2CBase``) whose ``prepare_dataset`` ran on ``batch_dict``.
+        batch_dict: rl_games' batch: ``returns`` and ``values`` ``[B, K]``, ``rnn_masks``
+            (None, or one flag per element of the batch's advantages).
+    """
+    group = _global_group(agent)
+    if group is None or not agent.normalize_advantage or agent.normalize_rms_advantage:
+        return
+    advantages = torch.sum(batch_dict["returns"] - batch_dict["values"], dim=1)
+    masks = batch_dict.get("rnn_masks", None) if agent.is_rnn else None
+    if masks is not None:
+        masks = masks.reshape(advantages.shape)
+    advantages = masked_whiten(advantages, masks, eps_mode="std", group=group)
+    agent.dataset.values_dict["advantages"] = advantages
+    if agent.has_central_value:
+        agent.central_value_net.dataset.values_dict["advantages"] = advantages
+
+
+def _prepare_dataset(cls):
+    def prepare_dataset(self, batch_dict):
+        _PREPARE[cls](self, batch_dict)
+        normalise_over_ranks(self, batch_dict)
+
+    prepare_dataset.__qualname__ = f"{cls.__name__}.prepare_dataset"
+    prepare_dataset.__doc__ = (f"rl_games' ``{cls.__name__}.prepare_dataset``, then ``normalise_over_ranks`` "
+                               "(nothing more without ``global_normalisation``).")
+    return prepare_dataset
+
+
 class FusedDiscount:
-    """Mixin for agents derived from ``A2CBase``: both methods through rl_triton."""
+    """Mixin for agents derived from ``A2CBase``: both methods through rl_triton, and the
+    advantages normalised over the ranks after ``prepare_dataset`` where the agent's config (or
+    ``patch()``) sets ``global_normalisation`` (``normalise_over_ranks``)."""
 
     discount_values = discount_values
     discount_values_masks = discount_values_masks
+
+    def prepare_dataset(self, batch_dict):
+        super().prepare_dataset(batch_dict)
+        normalise_over_ranks(self, batch_dict)
 
 
 def __getattr__(name: str):
@@ -238,22 +306,38 @@ def _apply() -> None:
     base = _base()
     base.discount_values = discount_values
     base.discount_values_masks = discount_values_masks
+    for cls in _PREPARE:
+        cls.prepare_dataset = _prepare_dataset(cls)
 
 
 def _restore() -> None:
     base = _base()
     for name, fn in _ORIGINALS.items():
         setattr(base, name, fn)
+    for cls, fn in _PREPARE.items():
+        cls.prepare_dataset = fn
 
 
 _state = PatchState(_apply, _restore)
+_DEFAULTS = {"global_normalisation": False}
 
 
-def patch() -> None:
+def patch(global_normalisation=False) -> None:
     """Route ``A2CBase.discount_values`` and ``discount_values_masks`` (and so every agent that
-    inherits them) through rl_triton until ``unpatch()``. Imports rl_games. Idempotent. Thread-safe; shared with
-    ``patched()`` blocks in any thread."""
-    _state.patch()
+    inherits them) through rl_triton until ``unpatch()``, and ``prepare_dataset`` of
+    ``DiscreteA2CBase`` and ``ContinuousA2CBase`` through ``normalise_over_ranks`` after
+    rl_games' own. Imports rl_games. Idempotent. Thread-safe; shared with ``patched()`` blocks
+    in any thread; a later call's setting replaces an earlier one's.
+
+    Args:
+        global_normalisation: False (default): the advantages are normalised with the statistics
+            of this process's batch, as rl_games'; True: of the batches of every rank of the
+            default process group (``dist.group.WORLD``, read at each call; this process's alone
+            where ``torch.distributed`` is not initialised); a ``torch.distributed``
+            ProcessGroup: of its ranks. ``TypeError`` for other values. An agent whose config
+            sets ``global_normalisation`` (to other than False) uses that instead.
+    """
+    _state.patch({"global_normalisation": normalisation_setting(global_normalisation)})
 
 
 def unpatch() -> None:
@@ -267,7 +351,12 @@ def is_patched() -> bool:
     return _state.active
 
 
-def patched():
+def patched(global_normalisation=False):
     """``with patched(): ...``: ``A2CBase`` is patched for the block. Blocks nest, also across
-    threads; rl_games' methods come back when the last holder (block or ``patch()``) lets go."""
-    return _state.patched()
+    threads; rl_games' methods come back when the last holder (block or ``patch()``) lets go.
+
+    Args:
+        global_normalisation: as for ``patch()``, in effect while this block is the most recent
+            holder.
+    """
+    return _state.patched({"global_normalisation": normalisation_setting(global_normalisation)})

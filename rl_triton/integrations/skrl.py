@@ -3,6 +3,7 @@ normalisation of the advantages, instead of the Python loop of ``compute_gae``.
 
     import rl_triton.integrations.skrl as rt_skrl
     rt_skrl.patch()           # every torch agent module that defines compute_gae
+    rt_skrl.patch(global_normalisation=True)   # the same, statistics over every rank
     agent = PPO(models=models, memory=memory, cfg=cfg, ...)    # skrl's own classes
     rt_skrl.unpatch()         # skrl's functions back, the same objects
 
@@ -30,6 +31,11 @@ the recurrent agents' function reads ``terminated`` only. The advantages are the
 over the whole rollout, ``(A - mean) / (std + 1e-8)`` with the unbiased std, after the returns
 ``A + values`` are formed. Where a function here raises, it raises what skrl's own function
 raises on the same arguments, if that raises at all.
+
+With ``global_normalisation`` (``patch()``'s argument, or the attribute of an agent of the classes
+here) the mean and std span the rollouts of every rank of a ``torch.distributed`` process group
+(``whiten=dict(group=...)``, docs/distributed.md) instead of this process's: the statistics of the
+concatenated rollouts. Off by default, as skrl's distributed runs normalise per rank.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ import torch
 
 from .. import gae, masked_whiten
 from ..core.docstrings import documented
-from ._patching import PatchState, error_of, requires_framework, rounded
+from ._patching import PatchState, error_of, normalisation_group, normalisation_setting, requires_framework, rounded
 
 # the agent classes (AGENTS) are module attributes made on first access, not listed here
 __all__ = ["AGENTS", "FEED_FORWARD", "FusedUpdate", "RECURRENT", "SKRL_VERSION", "compute_gae", "compute_gae_rnn",
@@ -100,8 +106,20 @@ def _skrl_function(recurrent: bool):
 _WHITEN = {"eps_mode": "std", "eps": 1e-8}
 
 
+def _group():
+    """The process group of the normalisation's statistics for this call: the setting of the
+    agent whose ``update`` runs (agents of the classes here), else ``patch()``'s."""
+    setting = _AGENT_SETTING.get()
+    if setting is None:
+        setting = _state.settings(_DEFAULTS)["global_normalisation"]
+    return normalisation_group(setting)
+
+
 def _gae_normalized(rewards, values, done, last_values, gamma, lmbda):
-    """``(returns, normalised advantages)`` of skrl's loop: every flag in ``done`` a termination."""
+    """``(returns, normalised advantages)`` of skrl's loop: every flag in ``done`` a termination;
+    the statistics over the ranks of ``_group()``, where it is not None."""
+    group = _group()
+    whiten = _WHITEN if group is None else dict(_WHITEN, group=group)
     for name, x in (("rewards", rewards), ("values", values), ("last_values", last_values), ("terminated", done)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -126,11 +144,11 @@ def _gae_normalized(rewards, values, done, last_values, gamma, lmbda):
         rewards, v, done = (x.expand(shape).flatten(1) for x in (rewards, v, done))
         boot = boot.reshape(-1)
     adv, returns = gae(rewards, v, done=done, bootstrap_value=boot, gamma=gamma, lmbda=lmbda, time_dim=0,
-                       whiten=_WHITEN if fused else False)
+                       whiten=whiten if fused else False)
     adv, returns = adv.reshape(shape), returns.reshape(shape)
     if fused:
         return returns, adv
-    return adv + values, masked_whiten(adv, **_WHITEN)
+    return adv + values, masked_whiten(adv, **whiten)
 
 
 def _raises_as_skrl(recurrent: bool):
@@ -205,6 +223,8 @@ def compute_gae_rnn(*, rewards: torch.Tensor, terminated: torch.Tensor, values: 
 # -- patching ------------------------------------------------------------------------------
 _modes = {"patch": False, "agents": 0}  # patch() in effect; this module's agents inside update()
 _ROUTED = contextvars.ContextVar("rl_triton_skrl_routed", default=False)
+# the global_normalisation of the agent whose update() runs in this context; None outside one
+_AGENT_SETTING = contextvars.ContextVar("rl_triton_skrl_normalisation", default=None)
 _ROUTERS: dict = {}
 
 
@@ -245,14 +265,23 @@ def _set_patch(on: bool) -> None:
 
 
 _state = PatchState(lambda: _set_patch(True), lambda: _set_patch(False))
+_DEFAULTS = {"global_normalisation": False}
+_GLOBAL_NORMALISATION = (
+    "False (default): the advantages are normalised with the statistics of this process's rollout, as "
+    "skrl's; True: of the rollouts of every rank of the default process group (``dist.group.WORLD``, "
+    "read at each call; this process's alone where ``torch.distributed`` is not initialised); a "
+    "``torch.distributed`` ProcessGroup: of its ranks. ``(A - mean) / (std + 1e-8)`` with the mean "
+    "and unbiased std of all ranks' advantages concatenated. ``TypeError`` for other values.")
 
 
-def patch() -> None:
+@documented(global_normalisation=_GLOBAL_NORMALISATION + " An agent of this module's classes uses its own "
+                                                             "``global_normalisation`` attribute instead.")
+def patch(global_normalisation=False) -> None:
     """Route ``compute_gae`` of every module in ``FEED_FORWARD`` and ``RECURRENT`` through
     rl_triton until ``unpatch()``: ``compute_gae`` or ``compute_gae_rnn`` by the module's
     signature. Imports skrl's agent modules. Idempotent. Thread-safe; shared with
-    ``patched()`` blocks in any thread."""
-    _state.patch()
+    ``patched()`` blocks in any thread; a later call's setting replaces an earlier one's."""
+    _state.patch({"global_normalisation": normalisation_setting(global_normalisation)})
 
 
 def unpatch() -> None:
@@ -266,11 +295,16 @@ def is_patched() -> bool:
     return _state.active
 
 
-def patched():
+def patched(global_normalisation=False):
     """``with patched(): ...``: skrl's modules are patched for the block. Blocks nest, also
     across threads; skrl's functions come back when the last holder (block or ``patch()``)
-    lets go."""
-    return _state.patched()
+    lets go.
+
+    Args:
+        global_normalisation: as for ``patch()``, in effect while this block is the most recent
+            holder.
+    """
+    return _state.patched({"global_normalisation": normalisation_setting(global_normalisation)})
 
 
 @contextlib.contextmanager
@@ -291,11 +325,24 @@ def _routing():
 
 class FusedUpdate:
     """Mixin for skrl agents (subclasses of the classes in ``AGENTS``): ``update`` computes the
-    GAE with rl_triton; every other caller of skrl's ``compute_gae`` keeps skrl's loop."""
+    GAE with rl_triton; every other caller of skrl's ``compute_gae`` keeps skrl's loop.
+
+    ``global_normalisation`` (a class attribute, False; set it on the agent or on a subclass,
+    read at each ``update``): False normalises the advantages with this process's rollout, as
+    skrl does; True with the rollouts of every rank of ``dist.group.WORLD`` (this process's
+    alone where ``torch.distributed`` is not initialised); a ``torch.distributed`` ProcessGroup
+    with those of its ranks. ``TypeError`` at ``update`` for other values."""
+
+    global_normalisation = False
 
     def update(self, *args, **kwargs):
-        with _routing():
-            return super().update(*args, **kwargs)
+        setting = normalisation_setting(self.global_normalisation)
+        token = _AGENT_SETTING.set(setting)
+        try:
+            with _routing():
+                return super().update(*args, **kwargs)
+        finally:
+            _AGENT_SETTING.reset(token)
 
 
 def __getattr__(name: str):
