@@ -40,9 +40,11 @@ def _in_unit_interval(**coefficient):
 class Call:
     """One estimator call: validated inputs in ``[R, T]`` form and the chosen backend."""
 
-    def __init__(self, ref, ref_name: str, time_dim):
+    def __init__(self, ref, ref_name: str, time_dim, chunk: plans.Chunk | None = None):
         inputs.check_tensor(ref, ref_name)
         self.rows = inputs.Rows(ref, ref_name, time_dim, ref.dtype)
+        # the chunk of a split sequence this call runs as (rl_triton/core/sharded.py), or None
+        self.chunk = chunk
         self.compute_dtype = inputs.compute_dtype(ref.dtype)
         self.grad_inputs = [ref]
         self.term = self.done = self.trunc = self.last_done = None
@@ -178,8 +180,7 @@ class Call:
             raise ValueError("out= does not support autograd; call without out= to get gradients")
         self.empty = self.rows.R == 0 or self.rows.T == 0
         self.aliased = [False] * n_out if out is None else self._aliased()
-        chunk = plans.chunk()
-        if chunk is not None and chunk.check:
+        if self.chunk is not None and self.chunk.check:
             raise plans.Checked  # every argument checked (sharded calls, before their collectives)
         return self.backend != "torch" and not self.needs_grad
 
@@ -232,7 +233,7 @@ class Call:
 
     def carry(self, default):
         """The composed path's carry: the chunk's where one is given, else ``default`` ([R])."""
-        chunk = plans.chunk()
+        chunk = self.chunk
         if chunk is None or chunk.carry is None:
             return default
         if chunk.edge is not None:
@@ -241,7 +242,7 @@ class Call:
 
     def chunk_arg(self, name: str):
         """A kernel argument the chunk sets (``[R]``, compute dtype), or None."""
-        chunk = plans.chunk()
+        chunk = self.chunk
         x = None if chunk is None or chunk.args is None else chunk.args.get(name)
         return None if x is None else x.to(self.compute_dtype)
 
@@ -249,7 +250,7 @@ class Call:
         """The composed path's edge map (spec.py) from its scan ``y`` and ``beta``, where the
         chunk asks for one: the value at the ending edge and its gain, the scan of ``beta`` alone
         from 1."""
-        chunk = plans.chunk()
+        chunk = self.chunk
         if chunk is None or chunk.edge is None:
             return
         end = 0 if reverse else -1
@@ -292,7 +293,7 @@ def launch_bound(bound: plans.Bound, recorder):
     (rl_triton/core/sharded.py), else through the plan ``recorder`` (``plans._Recorder``, the
     signature's first call) builds, else directly. The outputs, one tensor or a tuple."""
     c, algo, args = bound
-    chunk = plans.chunk()
+    chunk = c.chunk
     if chunk is not None:
         edge = None
         if chunk.edge is not None:

@@ -132,6 +132,8 @@ def documented(*tables: dict, **texts):
             raise TypeError(f"{fn.__qualname__} has no parameter {', '.join(unknown)}")
         lines = ["Args:"]
         for name, param in params.items():
+            if name.startswith("_"):  # a protocol argument of the library's own (sharded.py's _chunk)
+                continue
             text = next((t[name] for t in (texts, *tables, ARGS) if name in t), None)
             if text is None:
                 raise TypeError(f"{fn.__qualname__}: no text for its argument {name}")

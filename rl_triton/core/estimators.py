@@ -14,7 +14,7 @@ import math
 import torch
 
 from . import coefficients as C
-from . import inputs, launch, plans, routes, scan, sharded, spec
+from . import inputs, launch, routes, scan, sharded, spec
 from .call import TRUNCATION_HELP, Call, launch_bound
 from .plans import Bound
 from .docstrings import FLAG, FORWARD_DONE, GAMMA_X, OUT_PAIR, documented
@@ -40,7 +40,8 @@ from .whiten import WHITEN_OPTIONS, check_whiten_options, masked_whiten
 )
 def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=None, truncated=None,
         done=None, gamma=0.99, lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None,
-        last_done=None, mask=None, mask_mode="skip", whiten=False, cu_seqlens=None, max_seqlen=None, group=None):
+        last_done=None, mask=None, mask_mode="skip", whiten=False, cu_seqlens=None, max_seqlen=None, group=None,
+        _chunk=None):
     """Generalized advantage estimation.
 
     delta[t] = r[t] + gamma*(1-terminated[t])*V(s_{t+1}) - V(s_t)
@@ -63,7 +64,7 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
                       truncated=truncated, done=done, gamma=gamma, lmbda=lmbda, time_dim=time_dim, backend=backend,
                       out=out, episode_starts=episode_starts, last_done=last_done)
         return _whitened(results, None, options, backend)
-    c = Call(rewards, "rewards", time_dim)
+    c = Call(rewards, "rewards", time_dim, chunk=_chunk)
     c.value(values, "values")
     if mask is not None or mask_mode != "skip":
         return _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, gamma, lmbda, backend, out,
@@ -168,7 +169,7 @@ def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l
     nv = torch.cat([carried[:, 1:], boot[:, None]], 1)
     alpha, beta = C.masked_gae(r, v, nv, m.to(c.compute_dtype), c.float_rows(g), c.float_rows(l))
     adv = scan.scan(alpha, beta, c.carry(c.float_row(None)), True, c.backend)
-    chunk = plans.chunk()
+    chunk = c.chunk
     if chunk is not None and chunk.edge is not None:  # the two-state map (spec.py) on (bootstrap, carry)
         zero, one = torch.zeros_like(boot), torch.ones_like(boot)
         reach = scan.scan(torch.zeros_like(v), skip, one, True, c.backend)  # d carried / d bootstrap
@@ -187,13 +188,13 @@ def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l
 )
 def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, done=None, gamma=0.99,
                      lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None,
-                     cu_seqlens=None, max_seqlen=None, group=None):
+                     cu_seqlens=None, max_seqlen=None, group=None, _chunk=None):
     """TD(lambda) return, restarting at every done and bootstrapping at truncations and the window end.
 
     G[t] = r[t] + gamma*(1-terminated[t])*((1-lmbda)*V(s_{t+1}) + lmbda*G'[t+1]),
     G'[t+1] = V(s_{t+1}) where done[t] or t = T-1, else G[t+1].  lmbda=1: TD(1), lmbda=0: TD(0).
     """
-    c = Call(rewards, "rewards", time_dim)
+    c = Call(rewards, "rewards", time_dim, chunk=_chunk)
     c.value(next_values, "next_values")
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
@@ -223,13 +224,13 @@ def td_lambda_return(rewards, next_values, *, terminated=None, truncated=None, d
 )
 def discounted_return(rewards, *, terminated=None, truncated=None, done=None, next_values=None,
                       bootstrap_value=None, gamma=0.99, time_dim=-1, backend=None, out=None, episode_starts=None,
-                      last_done=None, cu_seqlens=None, max_seqlen=None, group=None):
+                      last_done=None, cu_seqlens=None, max_seqlen=None, group=None, _chunk=None):
     """Discounted reward-to-go within episodes.
 
     R[t] = r[t] + gamma*(1-terminated[t])*(R[t+1] if not done[t] else V(s_{t+1})),
     R[T] = bootstrap_value if given, else next_values[T-1] if given, else 0 (Monte Carlo).
     """
-    c = Call(rewards, "rewards", time_dim)
+    c = Call(rewards, "rewards", time_dim, chunk=_chunk)
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     if next_values is not None and bootstrap_value is not None:
         raise ValueError("pass either next_values or bootstrap_value, not both")
@@ -310,7 +311,7 @@ def nstep_return(rewards, next_values, *, n, terminated=None, truncated=None, do
 def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value=None, terminated=None,
            truncated=None, done=None, gamma=0.99, lmbda=1.0, rho_bar=1.0, c_bar=1.0, rho_bar_pg=None,
            time_dim=-1, backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None,
-           max_seqlen=None, group=None):
+           max_seqlen=None, group=None, _chunk=None):
     """V-trace targets and policy-gradient advantages (IMPALA).
 
     ratio = exp(log_pi - log_mu), rho = min(rho_bar, ratio), c = lmbda*min(c_bar, ratio)
@@ -318,7 +319,7 @@ def vtrace(rewards, values, log_pi, log_mu, *, next_values=None, bootstrap_value
     pg[t] = min(rho_bar_pg, ratio[t])*(r[t] + gamma*(1-term[t])*vs_next[t] - v[t]),
     vs_next[t] = vs[t+1], or V(s_{t+1}) where done[t] or t = T-1.  Returns ``(vs, pg_advantages)``.
     """
-    c = Call(rewards, "rewards", time_dim)
+    c = Call(rewards, "rewards", time_dim, chunk=_chunk)
     c.value(values, "values")
     c.value(log_pi, "log_pi")
     c.value(log_mu, "log_mu")
@@ -448,14 +449,14 @@ def _trace_inputs(rewards, trace, log_pi, log_mu, greedy, lmbda, c_bar):
 def _retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi=None, next_q=None,
              terminated=None, truncated=None, done=None, gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1,
              backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None, max_seqlen=None,
-             group=None):
+             group=None, _chunk=None):
     """:func:`retrace` on the kernel's inputs: the trace c[t] = lmbda*min(c_bar, exp(log_pi - log_mu)).
 
     c[t] = lmbda*min(c_bar, exp(log_pi[t] - log_mu[t])), c[T] = 0;
     ev[t] = E_{a~pi} Q(s_{t+1}, a): ``next_expected_q``, or sum_a next_pi[..., a]*next_q[..., a];
     Q_ret[t] = r[t] + gamma*(1-term[t])*(ev[t] + (1-done[t])*c[t+1]*(Q_ret[t+1] - q[t+1])).
     """
-    c = Call(rewards, "rewards", time_dim)
+    c = Call(rewards, "rewards", time_dim, chunk=_chunk)
     c.value(q_values, "q_values")
     c.value(log_pi, "log_pi")
     c.value(log_mu, "log_mu")
@@ -499,9 +500,9 @@ def _retrace(rewards, q_values, log_pi, log_mu, *, next_expected_q=None, next_pi
     return c.results([scan.call_scan(c, alpha, beta, c.float_row(None), True)])
 
 
-def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
+def _eligibility_trace(x, done, decay, initial, time_dim, backend, out, chunk):
     """e[t] = x[t] + g[t]*l[t]*(1-done[t-1])*e[t-1], e[-1] = initial (done[-1] = 0); decay = [g, l]."""
-    c = Call(x, "x", time_dim)
+    c = Call(x, "x", time_dim, chunk=chunk)
     c.flags(None, None, done, align=True)
     decay = [c.coefficient(d, name) for name, d in decay]
     c.per_row(initial, "initial")
@@ -520,21 +521,21 @@ def _eligibility_trace(x, done, decay, initial, time_dim, backend, out):
 @routes.public(sharded.ELIGIBILITY_TRACE)
 @documented(done=FORWARD_DONE, gamma=GAMMA_X)
 def eligibility_trace(x, *, done=None, gamma=0.99, lmbda=1.0, initial=None, time_dim=-1, backend=None, out=None,
-                      cu_seqlens=None, max_seqlen=None, group=None):
+                      cu_seqlens=None, max_seqlen=None, group=None, _chunk=None):
     """Accumulating eligibility trace, forward in time, reset after each done.
 
     e[t] = x[t] + gamma*lmbda*(1-done[t-1])*e[t-1], e[-1] = initial (default 0).
     ``x`` may have trailing feature dims after the time dim; ``done`` broadcasts over them.
     """
-    return _eligibility_trace(x, done, [("gamma", gamma), ("lmbda", lmbda)], initial, time_dim, backend, out)
+    return _eligibility_trace(x, done, [("gamma", gamma), ("lmbda", lmbda)], initial, time_dim, backend, out, _chunk)
 
 
 @routes.public(sharded.EPISODIC_CUMSUM)
 @documented(done=FORWARD_DONE)
 def episodic_cumsum(x, *, done=None, initial=None, time_dim=-1, backend=None, out=None, cu_seqlens=None,
-                    max_seqlen=None, group=None):
+                    max_seqlen=None, group=None, _chunk=None):
     """Running sum within episodes, forward in time: c[t] = x[t] + (1-done[t-1])*c[t-1], c[-1] = initial."""
-    return _eligibility_trace(x, done, [("gamma", 1.0), ("lmbda", 1.0)], initial, time_dim, backend, out)
+    return _eligibility_trace(x, done, [("gamma", 1.0), ("lmbda", 1.0)], initial, time_dim, backend, out, _chunk)
 
 
 @routes.public(None)

@@ -23,7 +23,6 @@ shared by all threads, and a plan keeps no tensor of its calls alive.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import inspect
 import threading
@@ -85,15 +84,6 @@ class Checked(Exception):
     """Raised by a call running as a checking chunk (``Chunk.check``) once its arguments passed."""
 
 
-CHUNK: contextvars.ContextVar = contextvars.ContextVar("rl_triton_chunk", default=None)
-
-
-def chunk():
-    """The chunk this call runs as (:class:`Chunk`), or None; None inside a ``torch.compile``
-    trace (dynamo cannot read a ContextVar, and sharded calls are not compiled)."""
-    return None if torch.compiler.is_compiling() else CHUNK.get()
-
-
 def cached(fn, launch_bound):
     """``fn`` (a public function's body) with its calls' plans kept by signature. The body
     returns its outputs, or a bound fused call (``call.Bound``) that ``launch_bound(bound,
@@ -109,8 +99,7 @@ def cached(fn, launch_bound):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if torch.compiler.is_compiling() or len(args) > len(names) or launch.plan_forced() \
-                or CHUNK.get() is not None:
+        if torch.compiler.is_compiling() or len(args) > len(names) or launch.plan_forced():
             return full(*args, **kwargs)
         key = [call, torch.is_grad_enabled(), inputs.env_state()]
         try:  # tensors and floats (the common arguments) inline; a float stands for itself
@@ -157,6 +146,7 @@ def cached(fn, launch_bound):
                 _plans[key] = _NO_PLAN if record is None else record.plan or _NO_PLAN
         return result
 
+    call.full = full
     return call
 
 

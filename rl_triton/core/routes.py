@@ -5,7 +5,10 @@
 ``cu_seqlens``/``max_seqlen`` to the packed route (rl_triton/core/packed.py, the padded call of the
 same sequences) and every other call to the function's body through its signature's plan
 (rl_triton/core/plans.py). The routes call the public function again, without the argument that
-sent them there, so the body only ever sees one window of ``[R, T]`` rows.
+sent them there, so the body only ever sees one window of ``[R, T]`` rows. The sharded route
+runs the body as a chunk of the split sequence by passing it ``_chunk`` (a ``plans.Chunk``: the
+carry it starts from, where to write its edge map), which the body hands to its ``Call``: no
+hidden state carries it.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ def public(rule: sharded.Rule | None, *, outputs: int = 1):
         if rule is None:
             return planned
         signature = inspect.signature(fn)
-        for name in ("group", "cu_seqlens", "max_seqlen", "time_dim", "out"):
+        for name in ("group", "cu_seqlens", "max_seqlen", "time_dim", "out", "_chunk"):
             if signature.parameters.get(name, None) is None \
                     or signature.parameters[name].kind != inspect.Parameter.KEYWORD_ONLY:
                 raise TypeError(f"{fn.__name__} must take the keyword-only argument {name!r} to be public")
@@ -39,11 +42,14 @@ def public(rule: sharded.Rule | None, *, outputs: int = 1):
         def call(*args, **kwargs):
             if kwargs.get("group") is None and kwargs.get("cu_seqlens") is None \
                     and kwargs.get("max_seqlen") is None:
-                return planned(*args, **kwargs)
+                # a chunk of a split sequence takes the full path: its carries are its own
+                return planned(*args, **kwargs) if kwargs.get("_chunk") is None else planned.full(*args, **kwargs)
             bound = signature.bind(*args, **kwargs)  # Python's own TypeError for a bad call
             bound.apply_defaults()
             kw = bound.arguments
             if kw["group"] is not None:
+                if kw.pop("_chunk") is not None:
+                    raise ValueError("a chunk of a split sequence takes no group")
                 return sharded.run(call, kw, rule)
             reverse = rule.reverse if rule.reverse is not None else kw["reverse"]
             if not isinstance(reverse, bool):
@@ -52,6 +58,9 @@ def public(rule: sharded.Rule | None, *, outputs: int = 1):
                 raise ValueError("whiten with cu_seqlens needs a mask: the padded call would count the padding")
             return packed.run(call, kw, reverse=reverse, n_out=outputs)
 
+        # the public signature leaves out ``_chunk``, the sharded route's argument (sharded.py)
+        call.__signature__ = signature.replace(
+            parameters=[p for name, p in signature.parameters.items() if name != "_chunk"])
         return call
 
     return declare

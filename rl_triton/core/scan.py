@@ -74,7 +74,7 @@ def call_scan(c: Call, alpha, beta, carry, reverse: bool):
              "(broadcastable), ``alpha``'s dtype. None: 0."),
 )
 def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend=None, out=None, cu_seqlens=None,
-                max_seqlen=None, group=None):
+                max_seqlen=None, group=None, _chunk=None):
     """Solve ``y[t] = alpha[t] + beta[t] * y[t+1]`` (``reverse=True``, ``y[T] = initial``) or
     ``y[t] = alpha[t] + beta[t] * y[t-1]`` (``reverse=False``, ``y[-1] = initial``) along ``time_dim``.
 
@@ -95,7 +95,7 @@ def affine_scan(alpha, beta, *, reverse=True, initial=None, time_dim=-1, backend
         shape = torch.broadcast_shapes(alpha.shape, beta_t.shape)
     except RuntimeError:
         raise ValueError(f"alpha {tuple(alpha.shape)} and beta {tuple(beta_t.shape)} do not broadcast") from None
-    c = Call(alpha if alpha.shape == shape else alpha.expand(shape), "alpha", time_dim)
+    c = Call(alpha if alpha.shape == shape else alpha.expand(shape), "alpha", time_dim, chunk=_chunk)
     if not number:
         c.value(beta_t, "beta")
     c.per_row(initial, "initial")

@@ -43,7 +43,7 @@ import torch
 
 from . import inputs, launch, plans
 from .packed import PER_SEQUENCE
-from .plans import CHUNK, Chunk
+from .plans import Chunk
 from .whiten import _check_group_type, all_gather_into, check_group, gather_ranks, masked_whiten
 
 
@@ -624,12 +624,8 @@ def _whitened(result, kw, whiten, group):
 
 
 def _one_call(fn, kw, chunk):
-    """``fn(**kw)`` run as the chunk ``chunk`` (plans.Chunk)."""
-    token = CHUNK.set(chunk)
-    try:
-        return fn(**kw)
-    finally:
-        CHUNK.reset(token)
+    """``fn(**kw)`` run as the chunk ``chunk`` (plans.Chunk), passed to its body as ``_chunk``."""
+    return fn(**kw, _chunk=chunk)
 
 
 def _run_packed(fn, kw, rule, group):
