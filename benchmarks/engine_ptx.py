@@ -64,11 +64,11 @@ def _calls(rt, torch, R, T, dtype, g):
         # rsl_rl's, skrl's and rl_games's normalisation over every element: std + eps
         "gae_whiten_std": lambda: rt.gae(r, v, bootstrap_value=boot, done=done, whiten=dict(eps_mode="std"), **kw),
         # a chunk of a sequence split across ranks: the edge maps' reduce launches (rl_triton/core/sharded.py)
-        "gae_edge_map": _chunk(torch, R, 2, lambda: rt.gae(r, v, bootstrap_value=boot, done=done, **kw)),
-        "vtrace_edge_map": _chunk(torch, R, 2, lambda: rt.vtrace(r, v, lp, lm, done=done, **kw)),
-        "gae_mask_skip_edge_map": _chunk(torch, R, 5, lambda: rt.gae(r, v, mask=~term, **kw)),
-        "gae_mask_pad_edge_map": _chunk(torch, R, 2, lambda: rt.gae(r, v, mask=~term, mask_mode="pad",
-                                                                    bootstrap_value=boot, **kw)),
+        "gae_edge_map": _chunk(torch, R, 2, lambda **c: rt.gae(r, v, bootstrap_value=boot, done=done, **kw, **c)),
+        "vtrace_edge_map": _chunk(torch, R, 2, lambda **c: rt.vtrace(r, v, lp, lm, done=done, **kw, **c)),
+        "gae_mask_skip_edge_map": _chunk(torch, R, 5, lambda **c: rt.gae(r, v, mask=~term, **kw, **c)),
+        "gae_mask_pad_edge_map": _chunk(torch, R, 2, lambda **c: rt.gae(r, v, mask=~term, mask_mode="pad",
+                                                                    bootstrap_value=boot, **kw, **c)),
         # PufferLib's advantage: float flags, the ratio, the last column left alone (or a ratio of 1)
         "arrival_gae": lambda: rt.arrival_gae(r, v, ratio=x().exp(), done=done.to(dtype), write_last=False,
                                               out=torch.zeros_like(r), **kw),
@@ -79,15 +79,19 @@ def _calls(rt, torch, R, T, dtype, g):
 
 
 def _chunk(torch, R, width, call):
-    """``call`` as one chunk of a sequence split across ranks, asking for its edge map."""
+    """``call`` as one chunk of a sequence split across ranks, asking for its edge map: the
+    sharded route's ``_chunk`` argument (a checkout from before it set a context variable)."""
     def run():
-        from rl_triton.core.plans import CHUNK, Chunk
+        from rl_triton.core import plans
 
-        token = CHUNK.set(Chunk(torch.zeros(R), torch.zeros(R, width + 1, dtype=torch.float64)))
+        chunk = plans.Chunk(torch.zeros(R), torch.zeros(R, width + 1, dtype=torch.float64))
+        if not hasattr(plans, "CHUNK"):
+            return call(_chunk=chunk)
+        token = plans.CHUNK.set(chunk)
         try:
             return call()
         finally:
-            CHUNK.reset(token)
+            plans.CHUNK.reset(token)
     return run
 
 

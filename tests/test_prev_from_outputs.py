@@ -57,13 +57,10 @@ def test_read_back_with_a_chunk_carry(plan, variant):
         if name in problem.kwargs:
             problem.kwargs[name][:, -1] = 0
     carry = torch.linspace(-1.0, 2.0, 3, dtype=torch.float64, device=DEVICE)
-    token = plans.CHUNK.set(plans.Chunk(carry=carry, edge=None))
-    try:
-        want = problem.call("torch")
-        with kernels.forced_plan(**PLANS[plan], prev_mem=True):
-            got = problem.call("triton")
-    finally:
-        plans.CHUNK.reset(token)
+    chunk = plans.Chunk(carry=carry, edge=None)  # what the sharded route passes a chunk's call
+    want = problem.call("torch", _chunk=chunk)
+    with kernels.forced_plan(**PLANS[plan], prev_mem=True):
+        got = problem.call("triton", _chunk=chunk)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
     assert not torch.allclose(got[1], problem.call("triton")[1])  # the carry reached the advantages
