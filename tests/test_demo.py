@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_demo_runs_and_every_estimator_agrees():
     done = subprocess.run([sys.executable, "-m", "rl_triton", "--quick", "--repeats", "1", "--device", "cpu"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "all results match the reference loop" in done.stdout
     assert "gae vs SB3 numpy loop" in done.stdout
     assert any(line.startswith("| masked_whiten ") and line.rstrip(" |").endswith("ok")
