@@ -243,50 +243,65 @@ def _local_moments(x: torch.Tensor, mask: torch.Tensor | None):
     return n, mean, (dev * dev).sum()
 
 
-# the three compiled kernels of a whitening specialisation (dtypes, options, Triton's
+# the two compiled kernels of a whitening specialisation (dtypes, options, Triton's
 # specialisation of pointers and sizes), launched from data pointers after the first call
 _WHITEN_KERNELS: dict = {}
 
 
 def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
     """Whiten contiguous ``x`` into ``y`` (which may be ``x``) with the Triton kernels of
-    rl_triton/core/kernels/moments.py: block partials, their fold, the normalisation. The first
-    call of a specialisation goes through Triton's dispatch; later ones call the compiled
-    kernels' launchers with data pointers (Triton's dispatch costs tens of microseconds a launch)."""
-    from . import kernels
+    rl_triton/core/kernels/moments.py: the partials ``(n, mean, M2)``, then their fold and the
+    normalisation in one launch. The first call of a specialisation goes through Triton's
+    dispatch; later ones call the compiled kernels' launchers with data pointers (Triton's
+    dispatch costs tens of microseconds a launch)."""
+    from .kernels import moments as k
+
+    flat = x.view(-1)
+    valid = None if mask is None else mask.view(-1)
+    n = flat.numel()
+    P = max(1, min(-(-n // k.BLOCK), k.MAX_PARTS))
+    parts = torch.empty(P, 3, dtype=torch.float64, device=x.device)
+    m = flat if valid is None else valid
+    ptrs = [t.data_ptr() for t in (flat, m, parts)]
+    # what Triton specialises the kernel on: dtypes, pointers' 16-byte alignment, sizes divisible
+    # by 16, equal to 1 or past int32
+    key = ("moments", x.dtype, None if valid is None else valid.dtype, tuple(p % 16 == 0 for p in ptrs), n % 16 == 0,
+           n == 1, n >= 1 << 31, x.device)
+    _launch(key, k.moments_kernel, (P,), (flat, m, parts, n), (valid is not None, k.BLOCK))
+    normalize(x, y, parts, unbiased, shift_mean, scale, eps, eps_mode)
+
+
+def normalize(x, y, parts, unbiased, shift_mean, scale, eps, eps_mode):
+    """``y = (x - mean) * rstd`` (plus ``mean`` where not ``shift_mean``) for contiguous ``x``
+    and ``y`` (which may be ``x``), the statistics folded from ``parts`` (a contiguous float64
+    ``[P, 3]`` of partials ``(n, mean, M2)``, rl_triton/core/kernels/moments.py) by every
+    program of one Triton launch (:func:`masked_whiten`'s options)."""
     from .kernels import moments as k
 
     flat, out = x.view(-1), y.view(-1)
-    valid = None if mask is None else mask.view(-1)
-    n = flat.numel()
-    parts = torch.empty(max(1, -(-n // k.BLOCK)), 3, dtype=torch.float64, device=x.device)
-    stats = torch.empty(2, dtype=torch.float64, device=x.device)
-    P = parts.shape[0]
-    m = flat if valid is None else valid
-    ptrs = [t.data_ptr() for t in (flat, m, parts, stats, out)]
-    # each launch: grid, runtime arguments, compile-time arguments (in the kernels' order)
-    calls = (
-        ((P,), (ptrs[0], ptrs[1], ptrs[2], n), (valid is not None, k.BLOCK)),
-        ((1,), (ptrs[2], ptrs[3], P, *_float32_pair(eps)), (unbiased, scale, eps_mode == "clamp", eps_mode == "std", k.FOLD_BLOCK)),
-        ((P,), (ptrs[0], ptrs[4], ptrs[3], n), (not shift_mean, k.BLOCK)),
-    )
-    # what Triton specialises the kernels on: dtypes, the compile-time arguments, pointers' 16-byte
-    # alignment, sizes divisible by 16, equal to 1 or past int32
-    key = (x.dtype, None if valid is None else valid.dtype, unbiased, scale, eps_mode, shift_mean,
-           tuple(p % 16 == 0 for p in ptrs), n % 16 == 0, n == 1, n >= 1 << 31, P % 16 == 0, P == 1, x.device)
+    n, P = flat.numel(), parts.shape[0]
+    G = max(1, min(-(-n // k.BLOCK), k.MAX_PROGRAMS))
+    ptrs = [t.data_ptr() for t in (flat, out, parts)]
+    key = ("whiten", x.dtype, unbiased, scale, eps_mode, shift_mean, tuple(p % 16 == 0 for p in ptrs), n % 16 == 0,
+           n == 1, n >= 1 << 31, P % 16 == 0, P == 1, x.device)
+    _launch(key, k.whiten_kernel, (G,), (flat, out, parts, n, P, *_float32_pair(eps)),
+            (unbiased, scale, eps_mode == "clamp", eps_mode == "std", not shift_mean, k.FOLD_BLOCK, k.BLOCK))
+
+
+def _launch(key, kernel, grid, args, constexprs):
+    """``kernel[grid](*args, *constexprs)``: from data pointers through the compiled kernel kept
+    under ``key`` where there is one, else through Triton's dispatch (which compiles or finds
+    it), keeping what it returns."""
+    from . import kernels
+
+    device = args[0].device
     compiled = _WHITEN_KERNELS.get(key)
-    if compiled is not None and kernels.direct_launch_ok(x.device):
-        stream = kernels.current_stream(x.device)
-        for kernel, (grid, args, constexprs) in zip(compiled, calls):
-            kernels.launch_compiled(kernel, grid[0], 1, stream, *args, *constexprs)
+    if compiled is not None and kernels.direct_launch_ok(device):
+        args = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        kernels.launch_compiled(compiled, grid[0], 1, kernels.current_stream(device), *args, *constexprs)
         return
-    compiled = (
-        k.moments_kernel[(P,)](flat, m, parts, n, HAS_MASK=valid is not None, BLOCK=k.BLOCK),
-        k.fold_kernel[(1,)](parts, stats, P, *_float32_pair(eps), UNBIASED=unbiased, SCALE=scale, CLAMP=eps_mode == "clamp",
-                            STD=eps_mode == "std", FOLD_BLOCK=k.FOLD_BLOCK),
-        k.normalize_kernel[(P,)](flat, out, stats, n, SHIFT_BACK=not shift_mean, BLOCK=k.BLOCK),
-    )
-    if all(kernels.launchable(c) for c in compiled):
+    compiled = kernel[grid](*args, *constexprs)
+    if kernels.launchable(compiled):
         _WHITEN_KERNELS[key] = compiled
 
 
