@@ -305,6 +305,48 @@ def _launch(key, kernel, grid, args, constexprs):
         _WHITEN_KERNELS[key] = compiled
 
 
+# partials a scan may leave for whiten_kernel's fold (each of its programs reads them all);
+# a scan of more tiles launches plainly and masked_whiten follows
+MAX_SCAN_PARTS = 2048
+
+
+def scan_whitened(algo, args, rows, given, output: int, flag: str | None, options: dict):
+    """The Triton launch of ``algo`` (a spec.py algorithm) on its ``[R, T]`` arguments ``args``,
+    writing the outputs in the caller's layout (``given``: the caller's tensors or None, as
+    ``rows.output`` takes them), then output ``output`` whitened in place as :func:`masked_whiten`
+    with ``options`` (its keywords, no group) whitens it over the steps where the argument
+    ``flag`` is nonzero (None: every step): two launches, the scan reducing that output tile by
+    tile into partials ``(n, mean, M2)`` as it writes it, then :func:`normalize`. None, nothing
+    launched, where the outputs have no ``[R, T]`` view, the whitened one is not dense, or the
+    scan has more than ``MAX_SCAN_PARTS`` tiles: the caller then launches plainly."""
+    from . import kernels
+
+    eps = check_whiten_options(**options)
+    outs = [rows.output(o) for o in given]
+    flat = _dense_flat(outs[output][0])
+    if flat is None or any(view is None for _, view in outs):
+        return None
+    views = [view for _, view in outs]
+    launch = kernels.Launch(algo, args, views, moments=(output, flag))
+    if launch.tiles > MAX_SCAN_PARTS:
+        return None
+    parts = torch.empty(launch.tiles, 3, dtype=torch.float64, device=flat.device)
+    launch.launch(args, views, parts)
+    normalize(flat, flat, parts, options.get("unbiased", True), options.get("shift_mean", True),
+              options.get("scale", True), eps, options.get("eps_mode", "add"))
+    return tuple(out for out, _ in outs)
+
+
+def _dense_flat(x: torch.Tensor) -> torch.Tensor | None:
+    """A 1-D view of the memory of ``x`` where its elements fill it without gaps (contiguous in
+    some order of its dims), else None."""
+    if x.is_contiguous():
+        return x.view(-1)
+    order = sorted(range(x.ndim), key=lambda d: x.stride(d), reverse=True)
+    permuted = x.permute(order)
+    return permuted.view(-1) if permuted.is_contiguous() else None
+
+
 def _float32_pair(value: float) -> tuple[float, float]:
     """``(hi, lo)``: ``value`` rounded to float32 and the rest rounded to float32, whose float64
     sum is ``value`` to 48 bits for values of 1e-30 or more (a kernel argument reaches Triton as

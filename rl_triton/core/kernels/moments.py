@@ -42,14 +42,16 @@ def _moments(v, valid):
 
 @triton.jit
 def _chan(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
-    """Chan et al.'s combination of two (n, mean, M2); an empty side leaves the other as it is
-    (an infinite mean stays infinite)."""
+    """Chan et al.'s combination of two (n, mean, M2): n = n_a + n_b, mean = (n_a*mean_a +
+    n_b*mean_b)/n (an infinite or NaN mean stays so), M2 = M2_a + M2_b + (mean_b - mean_a)^2 *
+    n_a*n_b/n; an empty side leaves the other as it is."""
     n = n_a + n_b
+    mean = (n_a * mean_a + n_b * mean_b) / tl.maximum(n, 1.0)
     delta = mean_b - mean_a
-    w = n_b / tl.maximum(n, 1.0)
-    mean = tl.where(n_a > 0, mean_a + delta * w, mean_b)
-    m2 = tl.where(n_a > 0, m2_a + m2_b + delta * delta * n_a * w, m2_b)
-    return n, tl.where(n_b > 0, mean, mean_a), tl.where(n_b > 0, m2, m2_a)
+    m2 = m2_a + m2_b + delta * delta * (n_a * n_b / tl.maximum(n, 1.0))
+    mean = tl.where(n_a > 0, tl.where(n_b > 0, mean, mean_a), mean_b)
+    m2 = tl.where(n_a > 0, tl.where(n_b > 0, m2, m2_a), m2_b)
+    return n, mean, m2
 
 
 @triton.jit
