@@ -125,13 +125,15 @@ needs_interpreter = pytest.mark.skipif(not TRITON_INTERPRET_AT_STARTUP, reason="
 @pytest.mark.parametrize("mode", MASKS)
 @pytest.mark.parametrize("options", CONVENTIONS)
 def test_gae_whiten_is_two_launches(mode, options):
-    """The scan (which reduces its advantages into partials) and the fold with the normalisation."""
+    """The scan (which reduces its advantages into partials) and the fold with the normalisation,
+    on a signature's first call and on its plan's (new tensors, the same signature)."""
     require_backend("triton")
-    r, v, boot, mask = _rollout(5, 9, F64, "cpu", seed=len(options))
-    with _counted() as names:
-        adv, ret = _gae(r, v, boot, mask, mode, options)
-    assert names == ["scan_kernel", "whiten_kernel"]
-    _check(adv, r, v, boot, mask, mode, options, F64)
+    for seed in range(2):  # the signature's first call, then its plan's
+        r, v, boot, mask = _rollout(5, 9, F64, "cpu", seed=seed + 10 * len(options))
+        with _counted() as names:
+            adv, ret = _gae(r, v, boot, mask, mode, options)
+        assert names == ["scan_kernel", "whiten_kernel"]
+        _check(adv, r, v, boot, mask, mode, options, F64)
 
 
 @needs_interpreter

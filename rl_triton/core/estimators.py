@@ -9,6 +9,7 @@ rl_triton/core/call.py's; semantics: docs/semantics.md.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -16,7 +17,7 @@ import torch
 from . import coefficients as C
 from . import inputs, launch, routes, scan, sharded, spec
 from .call import TRUNCATION_HELP, Call, launch_bound
-from .plans import Bound
+from .plans import Bound, Reduce
 from .docstrings import FLAG, FORWARD_DONE, GAMMA_X, OUT_PAIR, documented
 from . import whiten as whitening
 from .whiten import WHITEN_OPTIONS, check_whiten_options, masked_whiten
@@ -102,27 +103,33 @@ _WHITEN_AUTOGRAD = ("whiten= writes the advantages in place and does not support
 
 
 def _whitening_call(c):
-    """Mark a call that whitens its advantages (raises where autograd needs gradients)."""
+    """Raise for a call that whitens its advantages where autograd needs gradients."""
     if c.needs_grad:
         raise ValueError(_WHITEN_AUTOGRAD)
-    c.plannable = False  # the call is more than its launch
 
 
 def _launch_whitened(bound, mask, options):
-    """Launch ``bound`` (a fused GAE call) and whiten its advantages in place over ``mask``'s
+    """``bound`` (a fused GAE call) with its advantages whitened in place over ``mask``'s
     elements (all with None; the kernel reads it as its argument ``mask``). On the Triton
-    backend, for a call of this process alone whose outputs the kernel writes in place (dense
-    advantages, no ``out=`` overlapping an input), two launches: the scan, which also reduces
-    the advantages it writes tile by tile into partial moments, then the fold of those and the
-    normalisation (rl_triton/core/whiten.py, ``normalize``). Elsewhere the scan's launch, then
+    backend, for a call of this process alone: a bound call that ``launch_bound`` or the
+    signature's plan launches in two launches where the outputs allow (dense advantages, no
+    ``out=`` overlapping an input, rl_triton/core/whiten.py's ``scan_accepts``): the scan,
+    which also reduces the advantages it writes tile by tile into partial moments, then the
+    fold of those and the normalisation. Elsewhere the outputs of the scan's launch followed by
     :func:`masked_whiten`."""
-    c, algo, args = bound
-    if c.backend == "triton" and options.get("group") is None and c.chunk is None and not any(c.aliased) \
+    c, algo, _, _ = bound
+    if c.backend == "triton" and options.get("group") is None and c.chunk is None \
             and not torch.compiler.is_compiling():
-        results = whitening.scan_whitened(algo, algo.bind(**args), c.rows, c.out, algo.at.advantages,
-                                          None if mask is None else "mask", options)
-        if results is not None:
-            return results
+        output, flag = algo.at.advantages, None if mask is None else "mask"
+
+        def run(args):
+            results = None if any(c.aliased) else whitening.scan_whitened(algo, args, c.rows, c.out, output, flag,
+                                                                          options)
+            return _whitened(c._launch(algo, args), mask, options, c.backend) if results is None else results
+
+        return bound._replace(reduce=Reduce(output, flag, functools.partial(whitening.scan_accepts, output),
+                                            whitening.whitener(output, options), run))
+    c.plannable = False  # the call is more than its launch
     return _whitened(launch_bound(bound, None), mask, options, c.backend)
 
 

@@ -15,6 +15,7 @@ instead of an exception. Semantics: docs/semantics.md.
 
 from __future__ import annotations
 
+import functools
 import math
 from numbers import Real
 
@@ -317,24 +318,44 @@ def scan_whitened(algo, args, rows, given, output: int, flag: str | None, option
     with ``options`` (its keywords, no group) whitens it over the steps where the argument
     ``flag`` is nonzero (None: every step): two launches, the scan reducing that output tile by
     tile into partials ``(n, mean, M2)`` as it writes it, then :func:`normalize`. None, nothing
-    launched, where the outputs have no ``[R, T]`` view, the whitened one is not dense, or the
-    scan has more than ``MAX_SCAN_PARTS`` tiles: the caller then launches plainly."""
+    launched, where the outputs have no ``[R, T]`` view or :func:`scan_accepts` does not accept
+    the launch: the caller then launches plainly. A call plan does the same from data pointers
+    (rl_triton/core/plans.py, ``Reduce``)."""
     from . import kernels
 
-    eps = check_whiten_options(**options)
     outs = [rows.output(o) for o in given]
-    flat = _dense_flat(outs[output][0])
-    if flat is None or any(view is None for _, view in outs):
+    if any(view is None for _, view in outs):
         return None
-    views = [view for _, view in outs]
+    tensors, views = [out for out, _ in outs], [view for _, view in outs]
     launch = kernels.Launch(algo, args, views, moments=(output, flag))
-    if launch.tiles > MAX_SCAN_PARTS:
+    if not scan_accepts(output, launch, tensors):
         return None
-    parts = torch.empty(launch.tiles, 3, dtype=torch.float64, device=flat.device)
+    parts = torch.empty(launch.tiles, 3, dtype=torch.float64, device=tensors[0].device)
     launch.launch(args, views, parts)
-    normalize(flat, flat, parts, options.get("unbiased", True), options.get("shift_mean", True),
-              options.get("scale", True), eps, options.get("eps_mode", "add"))
-    return tuple(out for out, _ in outs)
+    whitener(output, options)(tensors, parts)
+    return tuple(tensors)
+
+
+def scan_accepts(output: int, launch, outputs) -> bool:
+    """Whether the scan ``launch`` (``kernels.Launch`` with ``moments``) and its outputs in the
+    caller's layout take :func:`scan_whitened`'s path: at most ``MAX_SCAN_PARTS`` tiles, and
+    the whitened output dense (its elements filling its memory, in any order of its dims)."""
+    return launch.tiles <= MAX_SCAN_PARTS and _dense_flat(outputs[output]) is not None
+
+
+def whitener(output: int, options: dict):
+    """``finish(outputs, parts)``: output ``output`` (dense) whitened in place with the
+    statistics of the partials ``parts`` (:func:`normalize`), ``options`` being
+    :func:`masked_whiten`'s keywords (no group)."""
+    eps = check_whiten_options(**options)
+    return functools.partial(_whiten_output, output=output, unbiased=options.get("unbiased", True),
+                             shift_mean=options.get("shift_mean", True), scale=options.get("scale", True), eps=eps,
+                             eps_mode=options.get("eps_mode", "add"))
+
+
+def _whiten_output(outputs, parts, output, unbiased, shift_mean, scale, eps, eps_mode):
+    flat = _dense_flat(outputs[output])
+    normalize(flat, flat, parts, unbiased, shift_mean, scale, eps, eps_mode)
 
 
 def _dense_flat(x: torch.Tensor) -> torch.Tensor | None:
