@@ -141,8 +141,9 @@ def collect(root: str | None, only: str = "") -> dict:
             setattr(kernels, name, Compile(getattr(kernels, name)))
     from rl_triton.core.kernels import moments
 
-    for name in ("fold_kernel", "normalize_kernel", "moments_kernel"):
-        setattr(moments, name, Compile(getattr(moments, name)))
+    for name in ("fold_kernel", "normalize_kernel", "moments_kernel", "whiten_kernel"):  # those the checkout has
+        if hasattr(moments, name):
+            setattr(moments, name, Compile(getattr(moments, name)))
     g = torch.Generator().manual_seed(0)
     out = {}
     for R, T in SHAPES:

@@ -9,6 +9,7 @@ rl_triton/core/call.py's; semantics: docs/semantics.md.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -16,8 +17,9 @@ import torch
 from . import coefficients as C
 from . import inputs, launch, routes, scan, sharded, spec
 from .call import TRUNCATION_HELP, Call, launch_bound
-from .plans import Bound
+from .plans import Bound, Reduce
 from .docstrings import FLAG, FORWARD_DONE, GAMMA_X, OUT_PAIR, documented
+from . import whiten as whitening
 from .whiten import WHITEN_OPTIONS, check_whiten_options, masked_whiten
 
 
@@ -54,38 +56,32 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
 
     Returns ``(advantages, value_targets = advantages + values)`` (pad: the zeroed values).
     """
-    if whiten is not False and mask is None and mask_mode == "skip":
-        # over every element: the call without whitening (its plan), then the whitening in place
-        options = _whiten_options(whiten)
-        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
-                                           for x in (rewards, values, next_values, bootstrap_value, gamma, lmbda)):
-            raise ValueError(_WHITEN_AUTOGRAD)
-        results = gae(rewards, values, next_values=next_values, bootstrap_value=bootstrap_value, terminated=terminated,
-                      truncated=truncated, done=done, gamma=gamma, lmbda=lmbda, time_dim=time_dim, backend=backend,
-                      out=out, episode_starts=episode_starts, last_done=last_done)
-        return _whitened(results, None, options, backend)
     c = Call(rewards, "rewards", time_dim, chunk=_chunk)
     c.value(values, "values")
     if mask is not None or mask_mode != "skip":
         return _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, gamma, lmbda, backend, out,
                            next_values=next_values, terminated=terminated, truncated=truncated, done=done,
                            episode_starts=episode_starts, last_done=last_done)
+    options = _whiten_options(whiten)
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     c.next_value_form(next_values, bootstrap_value)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     fused = c.start(backend, out, 2)
     if c.empty:
-        return c.empty_outputs()
+        return _whitened(c.empty_outputs(), None, options, None)
+    if options is not None:
+        _whitening_call(c)
     if fused:
-        return c.bind(spec.GAE, rewards=c.view(rewards), values=c.view(values), next_values=c.view(next_values),
-                      bootstrap_value=c.row_view(bootstrap_value), **c.fused_flags(), gamma=c.view(g),
-                      lmbda=c.view(l))
+        bound = c.bind(spec.GAE, rewards=c.view(rewards), values=c.view(values), next_values=c.view(next_values),
+                       bootstrap_value=c.row_view(bootstrap_value), **c.fused_flags(), gamma=c.view(g),
+                       lmbda=c.view(l))
+        return bound if options is None else _launch_whitened(bound, None, options)
     v = c.float_rows(values)
     nterm, ndone = c.composed_flags()
     nv = c.composed_next_values(values, next_values, bootstrap_value)
     alpha, beta = C.gae(c.float_rows(rewards), v, nv, nterm, ndone, c.float_rows(g), c.float_rows(l))
     adv = scan.call_scan(c, alpha, beta, c.float_row(None), True)
-    return c.results([adv, adv + v])
+    return _whitened(c.results([adv, adv + v]), None, options, c.backend)
 
 
 def _whiten_options(whiten) -> dict | None:
@@ -107,10 +103,34 @@ _WHITEN_AUTOGRAD = ("whiten= writes the advantages in place and does not support
 
 
 def _whitening_call(c):
-    """Mark a call that whitens its advantages (raises where autograd needs gradients)."""
+    """Raise for a call that whitens its advantages where autograd needs gradients."""
     if c.needs_grad:
         raise ValueError(_WHITEN_AUTOGRAD)
+
+
+def _launch_whitened(bound, mask, options):
+    """``bound`` (a fused GAE call) with its advantages whitened in place over ``mask``'s
+    elements (all with None; the kernel reads it as its argument ``mask``). On the Triton
+    backend, for a call of this process alone: a bound call that ``launch_bound`` or the
+    signature's plan launches in two launches where the outputs allow (dense advantages, no
+    ``out=`` overlapping an input, rl_triton/core/whiten.py's ``scan_accepts``): the scan,
+    which also reduces the advantages it writes tile by tile into partial moments, then the
+    fold of those and the normalisation. Elsewhere the outputs of the scan's launch followed by
+    :func:`masked_whiten`."""
+    c, algo, _, _ = bound
+    if c.backend == "triton" and options.get("group") is None and c.chunk is None \
+            and not torch.compiler.is_compiling():
+        output, flag = algo.at.advantages, None if mask is None else "mask"
+
+        def run(args):
+            results = None if any(c.aliased) else whitening.scan_whitened(algo, args, c.rows, c.out, output, flag,
+                                                                          options)
+            return _whitened(c._launch(algo, args), mask, options, c.backend) if results is None else results
+
+        return bound._replace(reduce=Reduce(output, flag, functools.partial(whitening.scan_accepts, output),
+                                            whitening.whitener(output, options), run))
     c.plannable = False  # the call is more than its launch
+    return _whitened(launch_bound(bound, None), mask, options, c.backend)
 
 
 def _whitened(results, mask, options, backend):
@@ -146,7 +166,7 @@ def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, ga
     _whitening_call(c)
     results = _masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l)
     if type(results) is Bound:
-        results = launch_bound(results, None)
+        return _launch_whitened(results, mask, options)
     return _whitened(results, mask, options, c.backend)
 
 

@@ -41,6 +41,14 @@ handed on from carry 0, its gain and the rank's own carry, then whether the rank
 order (:func:`_fold_ranks`), then divided by ``divisor`` (a one-element tensor; a tuple argument
 holds no None in compiled kernels).
 
+``moments`` (None: off) reduces one output tile by tile for a whitening that follows
+(rl_triton/core/whiten.py): ``(parts, out, flag)``, ``out`` the view of the output that STORE
+writes and ``flag`` a flag input's view (None: every step counts); after each STORE the
+program reads the tile of ``out`` back (what it wrote, rounded to the output's dtype) and
+writes the ``(n, mean, M2)`` of its steps where ``flag`` is nonzero, in float64, to
+``parts[tile]`` (a ``[P, 3]`` float64 buffer), ``tile = program_id(0) * cdiv(T, BLOCK_T) +
+chunk``: one partial per row block and chunk, whatever the segments.
+
 ``PAIR`` algorithms scan a state of two values (phase 0, or phase 1 over one segment, whose
 map ``(a1, b1, a2, b2, c)`` goes to ``ws``): a first value that follows its
 own recurrence, x[t] = a1 + b1*x[t-1], and y[t] = a2 + c*x[t-1] + b2*y[t-1], which reads it
@@ -50,6 +58,8 @@ own recurrence, x[t] = a1 + b1*x[t-1], and y[t] = a2 + c*x[t-1] + b2*y[t-1], whi
 
 import triton
 import triton.language as tl
+
+from .moments import tile_moments
 
 
 @triton.jit
@@ -243,7 +253,19 @@ def _fold_pairs(fold, rows, rmask, own_x, own_y, R, REVERSE: tl.constexpr, ACC: 
 
 
 @triton.jit
-def scan_kernel(ins, outs, ws, fold, R, T, seg_chunks, n_seg,
+def _reduce_output(moments, tile, rows, t, mask):
+    """The tile's partial moments of the output ``moments[1]`` (module docstring)."""
+    tl.debug_barrier()  # the tile's stores, by whichever threads, before it is read back
+    v = load(moments[1], rows, t, mask, tl.float64)
+    if moments[2] is None:
+        valid = mask
+    else:
+        valid = mask & load_flag(moments[2], rows, t, mask)
+    tile_moments(moments[0], tile, v, valid)
+
+
+@triton.jit
+def scan_kernel(ins, outs, ws, fold, moments, R, T, seg_chunks, n_seg,
                 BUILD: tl.constexpr, INIT: tl.constexpr, STORE: tl.constexpr,
                 REVERSE: tl.constexpr, NEED_PREV: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, VEC: tl.constexpr, SEG_BLOCK: tl.constexpr,
@@ -339,6 +361,8 @@ def scan_kernel(ins, outs, ws, fold, R, T, seg_chunks, n_seg,
                 if MIRROR:
                     y = _mirror(y, VEC)
                 STORE(ins, outs, rows, t, mask, y, y, ctx, T, ACC)
+                if moments is not None:
+                    _reduce_output(moments, tl.program_id(0) * n_chunks + c, rows, t, mask)
         else:
             alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
             if not (EVEN_R and EVEN_T):
@@ -369,6 +393,8 @@ def scan_kernel(ins, outs, ws, fold, R, T, seg_chunks, n_seg,
                     if not NEED_PREV:
                         y_prev = y
                     STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
+                if moments is not None:
+                    _reduce_output(moments, tl.program_id(0) * n_chunks + c, rows, t, mask)
 
     if PHASE == 1 and PAIR:
         w = (rows.to(tl.int64) * n_seg + seg) * 5
