@@ -230,3 +230,120 @@ def test_argument_errors_name_the_key(kl, error, words, monkeypatch):
     assert words in str(info.value)
     with pytest.raises(error):
         rt.gae(r, r, kl=kl, backend="torch")
+
+
+def _sharded_worker(rank, world, group):
+    """Each rank passes its chunk of steps (the kl tensors cut like the rewards): the same as the
+    unsharded call on every backend."""
+    from test_distributed import _backends, _bounds
+
+    bounds = _bounds(world)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    r, v, lp, ref, m = _problem(3, bounds[-1], torch.float64, seed=10 + world)
+    for backend in _backends():
+        for mode in MODES:
+            for estimator in ESTIMATORS:
+                kl = dict(log_probs=lp, ref_log_probs=ref, coef=0.3, estimator=estimator)
+                whole = rt.gae(r, v, kl=kl, backend=backend, **_mask_kw(m, mode))
+                part = dict(kl, log_probs=lp[:, lo:hi], ref_log_probs=ref[:, lo:hi])
+                mask = {} if mode is None else dict(mask=m[:, lo:hi], mask_mode=mode)
+                got = rt.gae(r[:, lo:hi], v[:, lo:hi], kl=part, backend=backend, group=group, **mask)
+                for a, b in zip(got, whole):
+                    torch.testing.assert_close(a, b[:, lo:hi], rtol=1e-12, atol=1e-12,
+                                               msg=f"{backend} {mode} {estimator} rank {rank}")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                    reason="needs torch.distributed with gloo")
+@pytest.mark.parametrize("world", [2, 3])
+def test_sequences_split_across_ranks(world):
+    from helpers import spawn_gloo
+
+    spawn_gloo(_sharded_worker, world)
+
+
+# -- the drop-ins' fused calls ------------------------------------------------------------------
+VERL_PENALTIES = {"kl": "k1", "k1": "k1", "abs": "abs", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3",
+                  "k3+": "k3", "k1+": "k1"}
+
+
+@pytest.mark.parametrize("penalty", sorted(VERL_PENALTIES))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_verl_kl_penalty_then_gae(cpu_backend, penalty, dtype, monkeypatch):
+    """verl's apply_kl_penalty (scores - beta * kld * mask) then its whitened GAE: the oracle's
+    shaped rewards through the GAE drop-in (checked against verl in tests/test_verl.py)."""
+    from rl_triton.integrations import verl as rt_verl
+
+    monkeypatch.setenv("RL_TRITON_BACKEND", cpu_backend)
+    r, v, lp, ref, m = _problem(4, 12, dtype, seed=11)
+    mf = m.to(dtype)
+    shaped = oracle.kl_shaped_rewards(as_f64(r), as_f64(lp), as_f64(ref), 0.2, VERL_PENALTIES[penalty])
+    shaped = torch.from_numpy(np.where(m.numpy(), shaped, as_f64(r))).to(dtype)  # verl: kld * mask
+    want = rt_verl.compute_gae_advantage_return(shaped, v, mf, 1.0, 0.95)
+    got = rt_verl.compute_gae_advantage_return_with_kl(r, v, mf, lp, ref, 0.2, penalty, 1.0, 0.95)
+    for a, b in zip(got, want):
+        assert a.dtype == dtype
+        torch.testing.assert_close(a, b, rtol=TOL[dtype], atol=TOL[dtype] * 10)
+
+
+def test_verl_unknown_kl_penalty():
+    from rl_triton.integrations import verl as rt_verl
+
+    r, v, lp, ref, m = _problem(3, 5, torch.float32, seed=12)
+    for bad in ("full", "k4", None):
+        with pytest.raises(ValueError, match="kl_penalty") as info:
+            rt_verl.compute_gae_advantage_return_with_kl(r, v, m, lp, ref, 0.1, bad)
+        assert isinstance(info.value, NotImplementedError)  # verl raises that
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("values_dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_openrlhf_compute_reward_then_gae(cpu_backend, estimator, values_dtype, monkeypatch):
+    """OpenRLHF's compute_reward (the score at each row's last action token, minus
+    max(kl_coef, 0) * kl with every estimate clamped to [-10, 10], in float32) then its GAE: the
+    oracle's shaped rewards through the GAE drop-in (checked against OpenRLHF in
+    tests/test_openrlhf.py)."""
+    from rl_triton.integrations import openrlhf as rt_openrlhf
+
+    monkeypatch.setenv("RL_TRITON_BACKEND", cpu_backend)
+    R, T = 4, 10
+    r, v, lp, ref, m = _problem(R, T, torch.float64, seed=13)
+    m[3] = False
+    m[3, 2] = True
+    m[0, -3:] = False
+    scores = torch.linspace(-1.0, 2.0, R, dtype=torch.float64)
+    tokens = np.zeros((R, T))
+    for i in range(R):
+        valid = np.flatnonzero(m[i].numpy())
+        tokens[i, valid[-1] if valid.size else T - 1] = float(scores[i].float())
+    lp32, ref32 = lp.float(), ref.float()
+    shaped = oracle.kl_shaped_rewards(tokens, as_f64(lp32), as_f64(ref32), 0.05, estimator, clamp=10.0)
+    v = v.to(values_dtype)
+    want = rt_openrlhf.get_advantages_and_returns(v, torch.from_numpy(shaped).float(), m, 1.0, 0.95)
+    got = rt_openrlhf.compute_reward_advantages_and_returns(scores, 0.05, lp32, ref32, v, m, 1.0, 0.95,
+                                                            kl_estimator=estimator)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # a coefficient <= 0 is no penalty; the clip range clamps the scores
+    plain = rt_openrlhf.compute_reward_advantages_and_returns(scores, -1.0, lp32, ref32, v, m, 1.0, 0.95,
+                                                              reward_clip_range=(-0.5, 0.5))
+    tokens_clipped = np.clip(tokens, -0.5, 0.5)
+    want = rt_openrlhf.get_advantages_and_returns(v, torch.from_numpy(tokens_clipped).float(), m, 1.0, 0.95)
+    for a, b in zip(plain, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_openrlhf_argument_errors():
+    from rl_triton.integrations import openrlhf as rt_openrlhf
+
+    r, v, lp, ref, m = _problem(3, 5, torch.float32, seed=14)
+    s = torch.zeros(3)
+    with pytest.raises(ValueError, match="kl_estimator"):
+        rt_openrlhf.compute_reward_advantages_and_returns(s, 0.1, lp, ref, v, m, 1.0, 0.95, kl_estimator="abs")
+    with pytest.raises(ValueError, match="r must be"):
+        rt_openrlhf.compute_reward_advantages_and_returns(s[:2], 0.1, lp, ref, v, m, 1.0, 0.95)
+    with pytest.raises(TypeError, match="action_mask"):
+        rt_openrlhf.compute_reward_advantages_and_returns(s, 0.1, lp, ref, v, None, 1.0, 0.95)
+    with pytest.raises(TypeError, match="kl_coef"):
+        rt_openrlhf.compute_reward_advantages_and_returns(s, "0.1", lp, ref, v, m, 1.0, 0.95)
