@@ -225,8 +225,9 @@ def kl_rows(shapes, dtypes, device, rounds):
 
     print(f"\nGAE with KL shaping in the scan against GAE alone (coef {KL_COEF}); "
           + ("device us (CUDA-graph replay)" if device == "cuda" else f"ms per call, median of {rounds} rounds"))
-    print("| B x L | dtype | mask mode | estimator | GAE alone | GAE with KL | ratio |")
-    print("|---|---|---|---|---|---|---|")
+    print("| B x L | dtype | mask mode | estimator | GAE alone | GAE with KL | ratio |"
+          + (" copy floor alone us | copy floor with KL us | floor ratio |" if device == "cuda" else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|---|" if device == "cuda" else ""))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for B, L in shapes:
         for dtype in dtypes:
@@ -256,7 +257,16 @@ def kl_rows(shapes, dtypes, device, rounds):
                                              f"oracle: relative error {err:.1e} > {tol:.0e}")
                     if device == "cuda":
                         a, b = device_us(alone), device_us(shaped)
-                        cells = f"{a:.1f} | {b:.1f} | {b / a:.3f}x"
+                        # the minimal bytes: rewards, values, mask read and two outputs written once,
+                        # and with KL the two log-prob tensors read too
+                        floors = []
+                        for extra in (0, 2 * lp.element_size()):
+                            nbytes = r.numel() * (4 * r.element_size() + 1 + extra)
+                            src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
+                            dst = torch.empty_like(src)
+                            floors.append(device_us(lambda: dst.copy_(src)))
+                        cells = (f"{a:.1f} | {b:.1f} | {b / a:.3f}x | {floors[0]:.1f} | {floors[1]:.1f} | "
+                                 f"{floors[1] / floors[0]:.3f}x")
                     else:
                         t = alternate({"alone": lambda: (alone(), sync()), "kl": lambda: (shaped(), sync())},
                                       rounds=rounds, batch_s=0.05)

@@ -62,7 +62,7 @@ def _bind(numba):
     """Define the numba helpers and bind them, with ``nb`` and ``prange``, as module globals."""
     global nb, prange, _inline, _where, _c_step, _c_gae, _c_masked_gae, _c_td_lambda_return, _c_discounted_return
     global _c_vtrace, _c_vtrace_pg, _c_retrace, _c_arrival_gae, _not, _flags, _clip, _gain, _edge, _masked_step
-    global _valid, _next_value, _all_binary, _implies, _nonzero_bytes, _spread_rows, _kl_reward
+    global _valid, _next_value, _all_binary, _implies, _nonzero_bytes, _spread_rows, _kl_reward, _kl_numbers
     nb, prange = numba, numba.prange
     _inline = nb.njit(inline="always", cache=True)
 
@@ -130,13 +130,10 @@ def _bind(numba):
         return v, _c_step(a, b, acc), v if on else nxt
 
     @_inline
-    def _kl_reward(r, kl_arrays, i, t, kl_mode):
-        """r - coef*kl at step (i, t), the KL-shaped reward (docs/semantics.md, section 13.1), for
-        kl_mode other than KL_NONE. ``kl_arrays``: (log_probs, ref_log_probs, then the coefficient
-        slots of spec.KL_ESTIMATORS, the slots not chosen holding 0, and the clamp). NaN stays NaN
-        through every clamp."""
-        log_probs, ref_log_probs, k1, k2, k3, kabs, clamps = kl_arrays
-        d = log_probs[i, t] * 1.0 - ref_log_probs[i, t]
+    def _kl_reward(r, log_prob, ref_log_prob, coef, clamp, kl_mode):
+        """r - coef*kl, the KL-shaped reward of one step (docs/semantics.md, section 13.1), for
+        kl_mode other than KL_NONE; NaN stays NaN through every clamp."""
+        d = log_prob * 1.0 - ref_log_prob
         estimator = kl_mode % KL_CLAMPED
         if estimator == 1:
             kl = d
@@ -151,10 +148,17 @@ def _bind(numba):
         else:
             kl = abs(d)
         if kl_mode >= KL_CLAMPED:
-            clamp = clamps[i, t] * 1.0
             kl = clamp if kl > clamp else kl
             kl = -clamp if kl < -clamp else kl
-        return r - (k1[i, t] + k2[i, t] + k3[i, t] + kabs[i, t]) * kl
+        return r - coef * kl
+
+    @_inline
+    def _kl_numbers(kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode):
+        """(coefficient, clamp) of the KL group: numbers (stride-0 arrays), the coefficient in
+        the slot of the estimator chosen and 0 in the others; (0, 0) without KL."""
+        if kl_mode == KL_NONE:
+            return 0.0, 0.0
+        return kl_k1[0, 0] * 1.0 + kl_k2[0, 0] + kl_k3[0, 0] + kl_abs[0, 0], kl_clamp[0, 0] * 1.0
 
     @_inline
     def _valid(x, m, shift):
@@ -218,7 +222,7 @@ def gae(rewards, values, carry, next_values, bootstrap_value, terminated, done, 
         nv_mode, done_mode, log_probs, ref_log_probs, kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp,
         kl_mode, advantages, value_targets, edge):
     R, T = rewards.shape
-    kl = (log_probs, ref_log_probs, kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp)
+    kl_coef, clamp = _kl_numbers(kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode)
     for i in prange(R):
         acc = carry[i] * 1.0
         gain = 1.0
@@ -227,7 +231,8 @@ def gae(rewards, values, carry, next_values, bootstrap_value, terminated, done, 
             nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, tn], truncated[i, t], last_done[i], done_mode,
                                   t == T - 1)
             nvt = _next_value(next_values[i, t], values[i, tn], bootstrap_value[i], nv_mode, t == T - 1)
-            r = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(rewards[i, t], kl, i, t, kl_mode)
+            r = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(
+                rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
             a, b = _c_gae(r, values[i, t], nvt, nterm, ndone, gamma[i, t] * 1.0, lmbda[i, t])
             acc = _c_step(a, b, acc)
             gain = _gain(gain, b)
@@ -249,7 +254,7 @@ def gae_row_blocks(rewards, values, carry, next_values, bootstrap_value, termina
     so each step reads contiguous runs instead of one element per cache line (no edge maps: a
     call that asks for one runs ``gae``)."""
     R, T = rewards.shape
-    kl = (log_probs, ref_log_probs, kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp)
+    kl_coef, clamp = _kl_numbers(kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode)
     for blk in prange((R + ROW_BLOCK - 1) // ROW_BLOCK):
         lo = blk * ROW_BLOCK
         hi = min(lo + ROW_BLOCK, R)
@@ -263,7 +268,8 @@ def gae_row_blocks(rewards, values, carry, next_values, bootstrap_value, termina
                 nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, tn], truncated[i, t], last_done[i],
                                       done_mode, end)
                 nvt = _next_value(next_values[i, t], values[i, tn], bootstrap_value[i], nv_mode, end)
-                r = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(rewards[i, t], kl, i, t, kl_mode)
+                r = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(
+                    rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
                 a, b = _c_gae(r, values[i, t], nvt, nterm, ndone, gamma[i, t] * 1.0, lmbda[i, t])
                 x = _c_step(a, b, acc[i - lo])
                 acc[i - lo] = x
@@ -382,7 +388,7 @@ def masked_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, log_
     value targets are advantages + values at every step. The edge map is the two-state one
     ``(a1, b1, a2, b2, c)`` of (next unmasked value, advantage) at t = 0 on (bootstrap, carry)."""
     R, T = rewards.shape
-    kl = (log_probs, ref_log_probs, kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp)
+    kl_coef, clamp = _kl_numbers(kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode)
     for i in prange(R):
         acc = carry[i] * 1.0
         nxt = bootstrap_value[i] * 1.0
@@ -391,7 +397,8 @@ def masked_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, log_
             m = mask[i, t] != 0
             v = values[i, t] * 1.0
             g = gamma[i, t] * 1.0
-            r = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(rewards[i, t], kl, i, t, kl_mode)
+            r = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(
+                rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
             a, b = _c_masked_gae(r, v, nxt, 1.0 if m else 0.0, g, lmbda[i, t])
             if m:
                 nxt = v
@@ -415,7 +422,7 @@ def masked_gae_pairs(rewards, values, mask, bootstrap_value, carry, gamma, lmbda
     i + H) through time together so that their recurrences overlap in the pipeline; a lone last
     row is walked twice, writing the same values."""
     R, T = rewards.shape
-    kl = (log_probs, ref_log_probs, kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp)
+    kl_coef, clamp = _kl_numbers(kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode)
     H = (R + 1) // 2
     # number coefficients (stride-0 arrays) read once
     fixed = gamma.strides[0] == 0 and gamma.strides[1] == 0 and lmbda.strides[0] == 0 and lmbda.strides[1] == 0
@@ -428,8 +435,10 @@ def masked_gae_pairs(rewards, values, mask, bootstrap_value, carry, gamma, lmbda
         for t in range(T - 1, -1, -1):
             g_i, l_i = (g0, l0) if fixed else (gamma[i, t] * 1.0, lmbda[i, t] * 1.0)
             g_k, l_k = (g0, l0) if fixed else (gamma[k, t] * 1.0, lmbda[k, t] * 1.0)
-            r_i = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(rewards[i, t], kl, i, t, kl_mode)
-            r_k = rewards[k, t] if kl_mode == KL_NONE else _kl_reward(rewards[k, t], kl, k, t, kl_mode)
+            r_i = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(
+                rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
+            r_k = rewards[k, t] if kl_mode == KL_NONE else _kl_reward(
+                rewards[k, t], log_probs[k, t], ref_log_probs[k, t], kl_coef, clamp, kl_mode)
             v_i, acc_i, nxt_i = _masked_step(r_i, values[i, t], mask[i, t], g_i, l_i, acc_i, nxt_i)
             v_k, acc_k, nxt_k = _masked_step(r_k, values[k, t], mask[k, t], g_k, l_k, acc_k, nxt_k)
             advantages[i, t] = acc_i
@@ -444,7 +453,7 @@ def padded_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, log_
     """GAE with rewards and values read as 0 where the mask is 0; value targets are advantages +
     the zeroed values."""
     R, T = rewards.shape
-    kl = (log_probs, ref_log_probs, kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp)
+    kl_coef, clamp = _kl_numbers(kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode)
     for i in prange(R):
         acc = carry[i] * 1.0
         gain = 1.0
@@ -457,7 +466,7 @@ def padded_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, log_
             elif kl_mode == KL_NONE:
                 r = rewards[i, t]
             else:
-                r = _kl_reward(rewards[i, t], kl, i, t, kl_mode)
+                r = _kl_reward(rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
             a, b = _c_gae(r, v, nxt, 1.0, 1.0, gamma[i, t] * 1.0, lmbda[i, t])
             nxt = v
             acc = _c_step(a, b, acc)

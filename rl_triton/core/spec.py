@@ -58,9 +58,10 @@ DONE_ARRAY, DONE_TERM_OR_TRUNC, DONE_OBS_ALIGNED = 0, 1, 2
 EV_GIVEN, EV_PAIRS = 0, 1
 # KL shaping of the rewards inside GAE (docs/semantics.md, section 13.1): the two log-prob tensors,
 # then the KL coefficient (a number) in the slot of the estimator chosen (the others None, so that
-# Triton compiles each estimator apart, from which slot is present), the clamp of the estimate
-# (a number, None: none; both "f2" so that a float64 call reads them exactly), and the numba kernels' mode integer (kl_mode: KL_NONE, or the estimator's number,
-# 1 + its index in KL_ESTIMATORS, plus KL_CLAMPED where a clamp is given)
+# Triton compiles each estimator apart, from which slot is present), the clamp of the estimate (a
+# number, None: none), and the numba kernels' mode integer (kl_mode: KL_NONE, or the estimator's
+# number, 1 + its index in KL_ESTIMATORS, plus KL_CLAMPED where a clamp is given). The numbers are
+# "f2" coefficients, so that a float64 call reads them exactly; the numba kernels read them once.
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 KL = (Arg("log_probs", "f2"), Arg("ref_log_probs", "f2"), *(Arg(f"kl_{e}", "f2") for e in KL_ESTIMATORS),
       Arg("kl_clamp", "f2"), Arg("kl_mode", "i"))
