@@ -235,20 +235,26 @@ def kl_rows(shapes, dtypes, device, rounds):
             g = torch.Generator().manual_seed(2)
             lp = (-3 * torch.rand(B, L, generator=g)).to(dtype=dtype, device=device)
             ref = (lp.float().cpu() + 0.5 * torch.randn(B, L, generator=g)).to(dtype=dtype, device=device)
-            for mode in ("skip", "pad"):
+            for mode in ("skip", "pad", None):
+                masked = {} if mode is None else dict(mask=m, mask_mode=mode)
                 for estimator in ("k1", "k3"):
                     kl = dict(log_probs=lp, ref_log_probs=ref, coef=KL_COEF, estimator=estimator)
 
                     def alone():
-                        return rt.gae(r, v, mask=m, mask_mode=mode, gamma=GAMMA, lmbda=LAM)
+                        return rt.gae(r, v, gamma=GAMMA, lmbda=LAM, **masked)
 
                     def shaped():
-                        return rt.gae(r, v, mask=m, mask_mode=mode, gamma=GAMMA, lmbda=LAM, kl=kl)
+                        return rt.gae(r, v, gamma=GAMMA, lmbda=LAM, kl=kl, **masked)
                     rows = slice(0, 4)  # rows are independent: the first few against the oracle
                     f64 = [x[rows].double().cpu().numpy() for x in (r, v, lp, ref)]
-                    want = oracle.gae_masked(oracle.kl_shaped_rewards(f64[0], f64[2], f64[3], KL_COEF, estimator),
-                                             f64[1], m[rows].cpu().numpy(), np.full(f64[0].shape, GAMMA),
-                                             np.full(f64[0].shape, LAM), mode=mode)
+                    shaped_rewards = oracle.kl_shaped_rewards(f64[0], f64[2], f64[3], KL_COEF, estimator)
+                    g, lam = np.full(f64[0].shape, GAMMA), np.full(f64[0].shape, LAM)
+                    if mode is None:
+                        zeros = np.zeros(f64[0].shape)
+                        want = oracle.gae(shaped_rewards, f64[1], oracle.implied_next_values(f64[1]), zeros, zeros,
+                                          g, lam)
+                    else:
+                        want = oracle.gae_masked(shaped_rewards, f64[1], m[rows].cpu().numpy(), g, lam, mode=mode)
                     tol = 1e-4 if dtype == torch.float32 else 3e-2
                     for got, w in zip(shaped(), want):
                         err = np.abs(got[rows].double().cpu().numpy() - w).max() / max(1.0, np.abs(w).max())
@@ -257,11 +263,11 @@ def kl_rows(shapes, dtypes, device, rounds):
                                              f"oracle: relative error {err:.1e} > {tol:.0e}")
                     if device == "cuda":
                         a, b = device_us(alone), device_us(shaped)
-                        # the minimal bytes: rewards, values, mask read and two outputs written once,
-                        # and with KL the two log-prob tensors read too
+                        # the minimal bytes: rewards, values (and the mask) read and two outputs written
+                        # once, and with KL the two log-prob tensors read too
                         floors = []
                         for extra in (0, 2 * lp.element_size()):
-                            nbytes = r.numel() * (4 * r.element_size() + 1 + extra)
+                            nbytes = r.numel() * (4 * r.element_size() + (0 if mode is None else 1) + extra)
                             src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
                             dst = torch.empty_like(src)
                             floors.append(device_us(lambda: dst.copy_(src)))
@@ -272,7 +278,7 @@ def kl_rows(shapes, dtypes, device, rounds):
                                       rounds=rounds, batch_s=0.05)
                         a, b = statistics.median(t["alone"]) * 1e3, statistics.median(t["kl"]) * 1e3
                         cells = f"{a:.2f} | {b:.2f} | {b / a:.3f}x"
-                    print(f"| {B}x{L} | {str(dtype)[6:]} | {mode} | {estimator} | {cells} |", flush=True)
+                    print(f"| {B}x{L} | {str(dtype)[6:]} | {mode or 'none'} | {estimator} | {cells} |", flush=True)
 
 
 def main():

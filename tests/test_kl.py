@@ -67,6 +67,31 @@ def test_matches_the_oracle(backend, estimator, mode, clamp, dtype):
     assert_matches(tgt, want_tgt, dtype, "value_targets")
 
 
+REGIMES = {
+    "one chunk, rows per program": dict(block_t=16, block_r=2),
+    "chunked carry": dict(block_t=4, block_r=1),
+    "split time": dict(block_t=2, block_r=2, n_seg=3),
+}
+
+
+@pytest.mark.parametrize("plan", list(REGIMES))
+@pytest.mark.parametrize("mode", MODES)
+def test_triton_launch_regimes(plan, mode):
+    """The Triton engine's regimes forced small (tests/test_triton_regimes.py): the KL terms are
+    per step, formed in each chunk's BUILD wherever the chunk runs."""
+    from conftest import require_backend
+    from rl_triton.core import kernels
+
+    require_backend("triton")
+    r, v, lp, ref, m = _problem(3, 13, torch.float64, seed=15)
+    kl = dict(log_probs=lp, ref_log_probs=ref, coef=0.3, estimator="k3", clamp=2.0)
+    with kernels.forced_plan(**REGIMES[plan]):
+        adv, tgt = rt.gae(r, v, gamma=0.9, lmbda=0.8, kl=kl, backend="triton", **_mask_kw(m, mode))
+    want_adv, want_tgt = _expected(r, v, lp, ref, m, mode, 0.3, "k3", 2.0, 0.9, 0.8)
+    assert_matches(adv, want_adv, torch.float64, "advantages")
+    assert_matches(tgt, want_tgt, torch.float64, "value_targets")
+
+
 def _two_pass(r, v, lp, ref, coef, estimator, clamp, backend, **kw):
     """The rewards shaped with torch ops in the compute dtype, then gae without kl."""
     compute = torch.float64 if r.dtype == torch.float64 else torch.float32
