@@ -58,6 +58,14 @@ def _calls(rt, torch, R, T, dtype, g):
         "gae_mask_pad": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", **kw),
         "gae_mask_skip_bootstrap": lambda: rt.gae(r, v, mask=~term, bootstrap_value=boot, gamma=0.9, **kw),
         "gae_mask_pad_bootstrap": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", bootstrap_value=boot, **kw),
+        # KL shaping inside the scan (rl_triton.gae's kl=): each estimator's BUILD, a clamp
+        "gae_mask_skip_kl_k3": lambda: rt.gae(r, v, mask=~term, kl=dict(log_probs=lp, ref_log_probs=lm, coef=0.1,
+                                                                         estimator="k3"), **kw),
+        "gae_mask_pad_kl_k1": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", kl=dict(
+            log_probs=lp, ref_log_probs=lm, coef=0.1, clamp=10.0), **kw),
+        "gae_kl_k2": lambda: rt.gae(r, v, bootstrap_value=boot, done=done, kl=dict(
+            log_probs=lp, ref_log_probs=lm, coef=0.1, estimator="k2"), **kw),
+        "gae_kl_abs": lambda: rt.gae(r, v, kl=dict(log_probs=lp, ref_log_probs=lm, coef=0.1, estimator="abs"), **kw),
         # the fused whitening: the scan reports its moments, then the fold and the normalisation
         "gae_mask_skip_whiten": lambda: rt.gae(r, v, mask=~term, whiten=True, **kw),
         "gae_mask_pad_whiten": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", whiten=dict(unbiased=False), **kw),
