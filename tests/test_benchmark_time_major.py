@@ -22,7 +22,7 @@ def test_every_algorithm_is_checked_in_both_layouts(capsys):
     assert tm.main(["--device", "cpu", "--shapes", "6x5"]) == 0
     out = capsys.readouterr().out
     for algo in tm.ALGOS:
-        assert f"| {algo} | 6x5 | walk " in out and "checked (" in out
+        assert f"| {algo} | 6x5 | lanes vec=0 " in out and "checked (" in out
 
 
 def test_a_wrong_cell_fails_the_run(monkeypatch, capsys):
@@ -61,7 +61,7 @@ def test_sweep_marks_the_fastest_candidate():
     candidates = [dict(walk=1, block_r=4, block_t=2), dict(walk=0, block_r=4, block_t=8)]
     lines, results = tm.sweep(cell, lambda fn: next(times), candidates, 1e-4, None)
     assert [r["status"] for r in results] == ["ok"] * 3
-    assert [r["plan"].split()[0] for r in results] == ["walk", "walk", "lanes"]
+    assert [r["plan"].split()[0] for r in results] == ["lanes", "walk", "lanes"]
     assert "(best)" in lines[1] and lines[-1].startswith("best for vtrace 5x8: walk=1,block_r=4,block_t=2 8.00 us")
 
 

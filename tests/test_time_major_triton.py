@@ -1,7 +1,7 @@
 """The Triton engine on time-major data (``[T, N]`` with ``time_dim=0``, and any layout whose time
 stride is not the smallest): the launch plan's choice (:func:`kernels.time_major_plan`), and each
-regime forced small so the interpreter reaches it (the WALK regime one step at a time: one chunk,
-chunked carry, split time; the scan across the lanes of natural-lane tiles), for every algorithm,
+regime forced small so the interpreter reaches it (the scan across the lanes of natural-lane
+tiles; the WALK regime one step at a time: one chunk, chunked carry, split time), for every algorithm,
 forward and reverse, against the float64 oracle; strided views; masked GAE (the two-state scan);
 a sequence split across ranks whose chunks are time-major."""
 
@@ -20,6 +20,7 @@ T, N = 7, 5
 PLANS = {
     "planned": {},
     "walk, chunked carry, split time": dict(walk=1, block_t=2, block_r=2, n_seg=2),
+    "walk, one chunk": dict(walk=1),
     "lanes, split time": dict(walk=0, block_t=4, block_r=4, n_seg=2),
 }
 
@@ -47,10 +48,11 @@ def test_time_major_regime_matches_oracle(algo, plan):
     _check(_problem(algo, seed=len(algo) * 11 + len(plan)), PLANS[plan])
 
 
+@pytest.mark.parametrize("plan", [{}, dict(walk=1)], ids=["planned", "walk"])
 @pytest.mark.parametrize("algo", ["gae", "vtrace", "affine_scan_forward"])
-def test_time_major_float32(algo):
-    """float32 accumulation in the planned (WALK) regime, a partial last chunk of 16 steps."""
-    _check(_problem(algo, seed=5, dtype=torch.float32, shape=(21, 6)), {}, tol=1e-5)
+def test_time_major_float32(algo, plan):
+    """float32 accumulation, chunks with a partial last one."""
+    _check(_problem(algo, seed=5, dtype=torch.float32, shape=(21, 6)), plan, tol=1e-5)
 
 
 @pytest.mark.parametrize("algo, layout", [("gae", "channel slice"), ("vtrace_implied", "rows apart"),
@@ -96,8 +98,8 @@ def test_masked_gae_time_major(mode, plan):
 
 
 def test_plan_follows_the_strides(monkeypatch):
-    """time_dim=0 on ``[T, N]`` plans with time_major_plan (WALK); the same data batch-major does
-    not; forcing ``time_major`` or ``walk`` reaches each regime on either layout."""
+    """time_dim=0 on ``[T, N]`` plans with time_major_plan (natural lanes); the same data
+    batch-major does not; forcing ``walk`` reaches the WALK regime."""
     seen = []
     real = kernels.time_major_plan
     monkeypatch.setattr(kernels, "time_major_plan", lambda *a: seen.append(a[:2]) or real(*a))
@@ -108,23 +110,27 @@ def test_plan_follows_the_strides(monkeypatch):
     assert seen == [(N, T)]
     config = kernels._launch_config(rl_triton.core.spec.GAE, N, T, False, True, 2, torch.device("cpu"),
                                     time_major=True)
-    assert config.constexprs[0][-2] is True and config.constexprs[0][9] == 0  # WALK, natural lanes
-    config = kernels._launch_config(rl_triton.core.spec.GAE, N, T, False, True, 2, torch.device("cpu"))
-    assert config.constexprs[0][-2] is False
+    assert config.constexprs[0][-2] is False and config.constexprs[0][9] == 0  # no WALK, natural lanes
+    with kernels.forced_plan(walk=1):
+        config = kernels._launch_config(rl_triton.core.spec.GAE, N, T, False, True, 2, torch.device("cpu"),
+                                        time_major=True)
+    assert config.constexprs[0][-2] is True
 
 
 def test_time_major_plan_shapes():
-    """WALK: rows across warps (32 a warp, up to 8 warps where the rows fill the GPU), short
-    chunks, time split where the rows' programs are too few; never split for the two-state scan."""
-    cuda_like = torch.device("cpu")  # 4 multiprocessors stand in (kernels._multiprocessors)
-    block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(65536, 128, False, cuda_like)
-    assert walk and block_r == 256 and num_warps == 8 and n_seg == 1 and block_t == 16
-    block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(8, 2048, False, cuda_like)
+    """Natural lanes: a warp per 128 rows (float32; 64 in float64), chunks of 8 steps, time split
+    where the rows' programs are too few, never for the two-state scan; WALK: 32 rows a warp, up
+    to 8 warps where the rows fill the GPU."""
+    cpu = torch.device("cpu")  # 4 multiprocessors stand in (kernels._multiprocessors)
+    block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(65536, 128, False, cpu)
+    assert not walk and (block_r, block_t, n_seg, num_warps) == (128, 8, 1, 1)
+    assert kernels.time_major_plan(65536, 128, True, cpu)[0] == 64
+    block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(8, 2048, False, cpu)
     assert block_r == 8 and num_warps == 1 and n_seg == 8 and n_seg * seg_chunks * block_t >= 2048
-    assert kernels.time_major_plan(8, 2048, False, cuda_like, pair=True)[2] == 1
-    with kernels.forced_plan(walk=0):
-        block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(4096, 512, False, cuda_like)
-    assert not walk and block_r * block_t >= 32 * num_warps
+    assert kernels.time_major_plan(8, 2048, False, cpu, pair=True)[2] == 1
+    with kernels.forced_plan(walk=1):
+        block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(65536, 128, False, cpu)
+    assert walk and block_r == 256 and num_warps == 8 and n_seg == 1 and block_t == 16
 
 
 def _sharded_worker(rank, world, group):
@@ -143,8 +149,9 @@ def _sharded_worker(rank, world, group):
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="gloo ranks on the CPU, the kernels in the interpreter")
 def test_sharded_time_major_chunks():
-    """Each rank's chunk of a ``[T, N]`` sequence (``time_dim=0``) is time-major: the WALK
-    regime reduces it to the handed map and scans it from the gathered maps, as one call would."""
+    """Each rank's chunk of a ``[T, N]`` sequence (``time_dim=0``) is time-major: the planned
+    regime and WALK reduce it to the handed map and scan it from the gathered maps, as one call
+    would."""
     from helpers import spawn_gloo
 
     spawn_gloo(_sharded_worker, 2)

@@ -126,21 +126,25 @@ def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = Tr
 def time_major_plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = True, pair: bool = False):
     """(BLOCK_R, BLOCK_T, n_seg, chunks per segment, num_warps, SEG_BLOCK, WALK) for R rows of T
     steps whose rows are contiguous (time-major data, ``[T, N]`` with N = R): the rows across the
-    lanes, so that each step reads ``BLOCK_R`` neighbouring values. WALK (the default) steps
-    through each chunk one step at a time (engine, ``_walk``), a warp of 32 rows per program, up
-    to 8 warps where the rows fill twice the multiprocessors; without WALK (forced ``walk=0``) the
-    engine's scan across the lanes of ``[BLOCK_R, BLOCK_T]`` tiles of natural lanes. The time axis
-    splits into segments where the rows' programs are fewer than twice the multiprocessors."""
-    walk = bool(_forced.get("walk", True))
+    lanes, so that each step reads ``BLOCK_R`` neighbouring values.
+
+    By default the engine's tiles of natural lanes (no WALK): a warp per 16-byte load of each of
+    32 threads along the rows (128 rows in float32, 64 in float64), so that Triton lays the rows
+    out across the threads and each thread holds its rows' steps of the chunk, which it scans in
+    registers; chunks of 8 steps. WALK (forced ``walk=1``) steps through each chunk one step at
+    a time (engine, ``_walk``), 32 rows a warp. The time axis splits into segments where the
+    rows' programs are fewer than twice the multiprocessors (never for the two-state scan)."""
+    walk = bool(_forced.get("walk", False))
     target = 2 * _multiprocessors(device)
     if walk:
         block_t = _forced.get("block_t") or min(_pow2(T), 8 if float64 else 16)
         block_r = _forced.get("block_r") or min(_pow2(R), max(32, min(256, _pow2(_cdiv(R, target)))))
         num_warps = _forced.get("num_warps") or max(1, min(8, block_r // 32))
     else:
-        block_t = _forced.get("block_t") or min(_pow2(T), 16)
-        block_r = _forced.get("block_r") or min(_pow2(R), 128)
-        num_warps = _forced.get("num_warps") or max(1, min(8, block_r * block_t // 256))
+        rows_per_warp = 32 * (2 if float64 else 4)  # a 16-byte load per thread
+        block_t = _forced.get("block_t") or min(_pow2(T), 8)
+        block_r = _forced.get("block_r") or min(_pow2(R), rows_per_warp)
+        num_warps = _forced.get("num_warps") or max(1, min(8, block_r // rows_per_warp))
         block_t = max(block_t, 32 * num_warps // block_r)  # the scan lowering: an element per thread at least
     row_programs = _cdiv(R, block_r)
     n_seg = _forced.get("n_seg") or 1
