@@ -118,9 +118,10 @@ def test_plan_follows_the_strides(monkeypatch):
 
 
 def test_time_major_plan_shapes():
-    """Natural lanes: a warp per 128 rows (float32; 64 in float64), chunks of 8 steps, time split
-    where the rows' programs are too few, never for the two-state scan; WALK: 32 rows a warp, up
-    to 8 warps where the rows fill the GPU."""
+    """Natural lanes: one warp of 128 rows (float32; 64 in float64), chunks of 8 steps, time split
+    where the rows' programs are too few; never for the two-state scan, whose programs take 32
+    rows where 128 leave them too few; WALK: 32 rows a warp, up to 8 warps where the rows fill the
+    GPU."""
     cpu = torch.device("cpu")  # 4 multiprocessors stand in (kernels._multiprocessors)
     block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(65536, 128, False, cpu)
     assert not walk and (block_r, block_t, n_seg, num_warps) == (128, 8, 1, 1)
@@ -128,6 +129,7 @@ def test_time_major_plan_shapes():
     block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(8, 2048, False, cpu)
     assert block_r == 8 and num_warps == 1 and n_seg == 8 and n_seg * seg_chunks * block_t >= 2048
     assert kernels.time_major_plan(8, 2048, False, cpu, pair=True)[2] == 1
+    assert kernels.time_major_plan(512, 2048, False, cpu, pair=True)[:3] == (32, 8, 1)  # rows for programs
     with kernels.forced_plan(walk=1):
         block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(65536, 128, False, cpu)
     assert walk and block_r == 256 and num_warps == 8 and n_seg == 1 and block_t == 16

@@ -54,7 +54,8 @@ def forced_plan(**plan):
     """Force launch parameters (block_t, block_r, n_seg, num_warps; prev_mem: whether an epilogue
     that reads y one step back reads it from its outputs, in one segment only; time_major: plan
     with :func:`time_major_plan` whatever the strides; walk: the engine's WALK regime, one step
-    at a time; vec: the lanes of one mirrored run, 0 for natural lanes) so tests reach every
+    at a time; vec: the lanes of one mirrored run, 0 for natural lanes; programs: the programs
+    the time-major plan splits time to reach) so tests reach every
     regime at small sizes and sweeps time each; meanwhile every call takes the full path
     (``launch.plan_forced``: no call plan, which would keep its own launch)."""
     _forced.update(plan)
@@ -128,14 +129,15 @@ def time_major_plan(R: int, T: int, float64: bool, device: torch.device, reverse
     steps whose rows are contiguous (time-major data, ``[T, N]`` with N = R): the rows across the
     lanes, so that each step reads ``BLOCK_R`` neighbouring values.
 
-    By default the engine's tiles of natural lanes (no WALK): a warp per 16-byte load of each of
-    32 threads along the rows (128 rows in float32, 64 in float64), so that Triton lays the rows
-    out across the threads and each thread holds its rows' steps of the chunk, which it scans in
-    registers; chunks of 8 steps. WALK (forced ``walk=1``) steps through each chunk one step at
+    By default the engine's tiles of natural lanes (no WALK) of one warp: a 16-byte load for each
+    of 32 threads along the rows (128 rows in float32, 64 in float64), chunks of 8 steps. Triton
+    lays the rows out fastest across the threads (coalesced loads) and scans each row's steps
+    within a thread and across the few threads that share the row. WALK (forced ``walk=1``) steps through each chunk one step at
     a time (engine, ``_walk``), 32 rows a warp. The time axis splits into segments where the
-    rows' programs are fewer than twice the multiprocessors (never for the two-state scan)."""
+    rows' programs are fewer than twice the multiprocessors (forced ``programs``: that many),
+    never for the two-state scan."""
     walk = bool(_forced.get("walk", False))
-    target = 2 * _multiprocessors(device)
+    target = _forced.get("programs") or 2 * _multiprocessors(device)
     if walk:
         block_t = _forced.get("block_t") or min(_pow2(T), 8 if float64 else 16)
         block_r = _forced.get("block_r") or min(_pow2(R), max(32, min(256, _pow2(_cdiv(R, target)))))
@@ -143,8 +145,11 @@ def time_major_plan(R: int, T: int, float64: bool, device: torch.device, reverse
     else:
         rows_per_warp = 32 * (2 if float64 else 4)  # a 16-byte load per thread
         block_t = _forced.get("block_t") or min(_pow2(T), 8)
-        block_r = _forced.get("block_r") or min(_pow2(R), rows_per_warp)
-        num_warps = _forced.get("num_warps") or max(1, min(8, block_r // rows_per_warp))
+        # the two-state scan splits no time: rows of 32 a program where the rows' programs are few
+        few = pair and _cdiv(R, rows_per_warp) < target
+        block_r = _forced.get("block_r") or min(_pow2(R), 32 if few else rows_per_warp)
+        # one warp: more would lie along time where flags load 16 rows a thread (scans across warps)
+        num_warps = _forced.get("num_warps") or 1
         block_t = max(block_t, 32 * num_warps // block_r)  # the scan lowering: an element per thread at least
     row_programs = _cdiv(R, block_r)
     n_seg = _forced.get("n_seg") or 1
