@@ -1,13 +1,14 @@
 """Time-major rollouts (``[T, N]``, environments contiguous, ``time_dim=0``) beside the same data
 batch-major (``[N, T]`` contiguous), per algorithm and shape, with the floor (issue 39).
 
-    python benchmarks/time_major.py [--algos gae,vtrace] [--shapes 512x4096,2048x8] [--md FILE]
+    python benchmarks/time_major.py [--algos gae,vtrace|all] [--shapes 512x4096,2048x8] [--md FILE]
     python benchmarks/time_major.py --force walk=0,block_r=128,block_t=8 [--algos gae]
     python benchmarks/time_major.py --sweep [--candidates "walk=1,block_r=64;walk=0,block_t=4"] [--algos gae]
     TRITON_INTERPRET=1 python benchmarks/time_major.py --device cpu --shapes 9x5   # the checks alone
 
 Shapes are T x N. By default every shape of the issue's table, and for V-trace besides RLlib's
-``[50, 256-4096]``. Each cell draws one problem (catalog variant ``done`` where the function has
+``[50, 256-4096]``; algorithms by default GAE, V-trace, masked GAE and the forward affine scan
+(``--algos all`` for every one; the sweep GAE alone). Each cell draws one problem (catalog variant ``done`` where the function has
 one: done flags, implied next values; float32 unless ``--dtype``), calls it time-major and on the
 same data batch-major, and checks both against the float64 oracle (rl_triton.testing) on a
 spread of rows (the first and last, and the edges of 32, 64, 128 and 256-row blocks); a cell
@@ -21,8 +22,8 @@ one is marked ``MISS`` (the exit status stays 0 for misses).
 
 ``--force KEY=VAL,...`` times the time-major call under ``kernels.forced_plan`` (keys:
 block_r, block_t, n_seg, num_warps, walk, vec, programs, prev_mem, time_major); the batch-major call keeps
-its plan. ``--sweep`` times each of ``--candidates`` (``;``-separated forced plans; a default
-list of WALK and scan-tile plans) on the time-major call of every cell, each checked first, and
+its plan. ``--sweep`` times each of ``--candidates`` (``;``-separated forced plans; by default
+six WALK and scan-tile plans) on the time-major call of every cell, each checked first, and
 prints the best per cell beside the default plan.
 
 On the CPU (``--device cpu``, with ``TRITON_INTERPRET=1`` set before the run) the cells are
@@ -66,13 +67,12 @@ ALGOS = {
 }
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10}
 TARGET_BATCH, TARGET_FLOOR, FLOOR_FROM_US = 1.15, 1.3, 10.0
-# the sweep's forced plans: tiles of natural lanes and WALK, each with the default time split and
-# with four times the programs
-CANDIDATES = ";".join(
-    [f"walk=0,block_r={r},block_t={t}{p}" for r, t in ((128, 8), (128, 4), (256, 4), (256, 8), (64, 8), (32, 8),
-                                                        (128, 16)) for p in ("", ",programs=1056")]
-    + [f"walk=1,block_r={r},block_t={t}{p}" for r, t in ((32, 8), (128, 8), (32, 16), (128, 16))
-       for p in ("", ",programs=1056")])
+# the sweep's forced plans (by rule, besides the default): WALK in one pass, WALK with twice the
+# programs or with chunks of 8 or 32 steps, and the scan across the lanes of tiles with the
+# default time split and with twice the programs
+CANDIDATES = "walk=1;walk=2,programs=1056;walk=2,block_t=8;walk=2,block_t=32;walk=0;walk=0,programs=1056"
+DEFAULT_ALGOS = "gae,vtrace,masked_gae,affine_scan_forward"  # reverse, y one step back, two-state, forward
+SWEEP_ALGOS = "gae"
 
 
 def parse_plan(text: str) -> dict:
@@ -179,7 +179,8 @@ def planned_config(cell: Cell, plan: dict) -> str:
         return "-"
     c = seen[-1]
     walk, vec = c.constexprs[0][-2], c.constexprs[0][9]
-    return (f"{'walk' if walk else f'lanes vec={vec}'} r{c.block_r} t{c.block_t} seg{c.n_seg} w{c.num_warps}")
+    return (f"{f'walk{walk}' if walk else f'lanes vec={vec}'} r{c.block_r} t{c.block_t} seg{c.n_seg} "
+            f"w{c.num_warps}")
 
 
 def measure(cell: Cell, timer, plan: dict, rounds: int, tol: float, batch_us: float | None = None) -> dict:
@@ -276,7 +277,8 @@ def sweep(cell: Cell, timer, candidates: list, tol: float, floor_us) -> list:
 
 def main(argv=None) -> int:
     p = parser(__doc__)
-    p.add_argument("--algos", default=",".join(ALGOS), help="algorithms (keys of ALGOS)")
+    p.add_argument("--algos", help=f"algorithms, keys of ALGOS or all (default: {DEFAULT_ALGOS}; with --sweep "
+                                   f"{SWEEP_ALGOS})")
     p.add_argument("--shapes", default="", help="T x N list (default: the issue's table, V-trace's besides)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="data dtype")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
@@ -287,6 +289,9 @@ def main(argv=None) -> int:
     p.add_argument("--candidates", default=CANDIDATES, help="--sweep: forced plans, ';'-separated")
     p.add_argument("--md", help="write the table here")
     args = p.parse_args(argv)
+    args.algos = args.algos or (SWEEP_ALGOS if args.sweep else DEFAULT_ALGOS)
+    if args.algos == "all":
+        args.algos = ",".join(ALGOS)
     dtype = getattr(torch, args.dtype)
     tol = TOLERANCE[dtype]
     device = torch.device(args.device)

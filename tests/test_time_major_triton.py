@@ -1,9 +1,10 @@
 """The Triton engine on time-major data (``[T, N]`` with ``time_dim=0``, and any layout whose time
 stride is not the smallest): the launch plan's choice (:func:`kernels.time_major_plan`), and each
-regime forced small so the interpreter reaches it (the scan across the lanes of natural-lane
-tiles; the WALK regime one step at a time: one chunk, chunked carry, split time), for every algorithm,
-forward and reverse, against the float64 oracle; strided views; masked GAE (the two-state scan);
-a sequence split across ranks whose chunks are time-major."""
+regime forced small so the interpreter reaches it (the WALK regime one step at a time, in two
+passes a chunk or one: one chunk, chunked carry, split time; the scan across the lanes of
+natural-lane tiles), for every algorithm, forward and reverse, against the float64 oracle;
+strided views; masked GAE (the two-state scan); a sequence split across ranks whose chunks are
+time-major."""
 
 import contextlib
 import dataclasses
@@ -19,8 +20,8 @@ from test_triton_regimes import ALGOS, DEVICE, G, L, kernels, pytestmark  # noqa
 T, N = 7, 5
 PLANS = {
     "planned": {},
-    "walk, chunked carry, split time": dict(walk=1, block_t=2, block_r=2, n_seg=2),
-    "walk, one chunk": dict(walk=1),
+    "walk, chunked carry, split time": dict(block_t=2, block_r=2, n_seg=2),
+    "walk in one pass, chunked carry": dict(walk=1, block_t=2, block_r=4),
     "lanes, split time": dict(walk=0, block_t=4, block_r=4, n_seg=2),
 }
 
@@ -48,7 +49,7 @@ def test_time_major_regime_matches_oracle(algo, plan):
     _check(_problem(algo, seed=len(algo) * 11 + len(plan)), PLANS[plan])
 
 
-@pytest.mark.parametrize("plan", [{}, dict(walk=1)], ids=["planned", "walk"])
+@pytest.mark.parametrize("plan", [{}, dict(walk=1), dict(walk=0)], ids=["planned", "walk in one pass", "lanes"])
 @pytest.mark.parametrize("algo", ["gae", "vtrace", "affine_scan_forward"])
 def test_time_major_float32(algo, plan):
     """float32 accumulation, chunks with a partial last one."""
@@ -81,7 +82,7 @@ def test_strided_views_match_oracle(algo, layout):
 
 @pytest.mark.parametrize("mode", ["skip", "pad"])
 @pytest.mark.parametrize("plan", [{}, dict(walk=1, block_t=2, block_r=2), dict(walk=0, block_t=4, block_r=4)],
-                         ids=["planned", "walk, chunked carry", "lanes"])
+                         ids=["planned", "walk in one pass, chunked carry", "lanes"])
 def test_masked_gae_time_major(mode, plan):
     """The two-state scan (skip) and padded GAE on ``[T, N]`` with ``time_dim=0``."""
     g = torch.Generator().manual_seed(7)
@@ -98,8 +99,8 @@ def test_masked_gae_time_major(mode, plan):
 
 
 def test_plan_follows_the_strides(monkeypatch):
-    """time_dim=0 on ``[T, N]`` plans with time_major_plan (natural lanes); the same data
-    batch-major does not; forcing ``walk`` reaches the WALK regime."""
+    """time_dim=0 on ``[T, N]`` plans with time_major_plan (WALK, two passes a chunk); the same
+    data batch-major does not; forced ``walk`` reaches the other regimes."""
     seen = []
     real = kernels.time_major_plan
     monkeypatch.setattr(kernels, "time_major_plan", lambda *a: seen.append(a[:2]) or real(*a))
@@ -108,31 +109,35 @@ def test_plan_follows_the_strides(monkeypatch):
     assert seen == [(N, T)]
     _problem("gae", seed=1, shape=(N, T), time_dim=-1).call("triton")
     assert seen == [(N, T)]
-    config = kernels._launch_config(rl_triton.core.spec.GAE, N, T, False, True, 2, torch.device("cpu"),
-                                    time_major=True)
-    assert config.constexprs[0][-2] is False and config.constexprs[0][9] == 0  # no WALK, natural lanes
-    with kernels.forced_plan(walk=1):
-        config = kernels._launch_config(rl_triton.core.spec.GAE, N, T, False, True, 2, torch.device("cpu"),
-                                        time_major=True)
-    assert config.constexprs[0][-2] is True
+
+    def regime(**forced):
+        with kernels.forced_plan(**forced) if forced else _planned():
+            c = kernels._launch_config(rl_triton.core.spec.GAE, N, T, False, True, 2, torch.device("cpu"),
+                                       time_major=True)
+        return c.constexprs[0][-2], c.constexprs[0][9]  # WALK, VEC
+
+    assert regime() == (2, 0) and regime(walk=1) == (1, 0) and regime(walk=0) == (0, 0)  # natural lanes
 
 
 def test_time_major_plan_shapes():
-    """Natural lanes: one warp of 128 rows (float32; 64 in float64), chunks of 8 steps, time split
-    where the rows' programs are too few; never for the two-state scan, whose programs take 32
-    rows where 128 leave them too few; WALK: 32 rows a warp, up to 8 warps where the rows fill the
-    GPU."""
+    """WALK: 32 rows a warp, up to 8 warps while the rows fill four times the multiprocessors'
+    programs, chunks of 16 steps, time split where the rows' programs are too few (never for
+    the two-state scan), into no more segments than leave 64 maps a thread. Natural lanes: one
+    warp of 128 rows (float32; 64 in float64), chunks of 8 steps; for the two-state scan rows of
+    32 a program where 128 leave them too few."""
     cpu = torch.device("cpu")  # 4 multiprocessors stand in (kernels._multiprocessors)
     block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(65536, 128, False, cpu)
-    assert not walk and (block_r, block_t, n_seg, num_warps) == (128, 8, 1, 1)
-    assert kernels.time_major_plan(65536, 128, True, cpu)[0] == 64
+    assert walk == 2 and (block_r, block_t, n_seg, num_warps) == (256, 16, 1, 8)
     block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(8, 2048, False, cpu)
-    assert block_r == 8 and num_warps == 1 and n_seg == 8 and n_seg * seg_chunks * block_t >= 2048
+    assert block_r == 8 and num_warps == 1 and n_seg == 16 and n_seg * seg_chunks * block_t >= 2048
     assert kernels.time_major_plan(8, 2048, False, cpu, pair=True)[2] == 1
-    assert kernels.time_major_plan(512, 2048, False, cpu, pair=True)[:3] == (32, 8, 1)  # rows for programs
-    with kernels.forced_plan(walk=1):
+    with kernels.forced_plan(programs=4096):
+        assert kernels.time_major_plan(32, 1 << 20, False, cpu)[2] == 64  # 64 maps a thread: 32 x 64 in a warp
+    with kernels.forced_plan(walk=0):
         block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(65536, 128, False, cpu)
-    assert walk and block_r == 256 and num_warps == 8 and n_seg == 1 and block_t == 16
+        assert walk == 0 and (block_r, block_t, n_seg, num_warps) == (128, 8, 1, 1)
+        assert kernels.time_major_plan(65536, 128, True, cpu)[0] == 64
+        assert kernels.time_major_plan(512, 2048, False, cpu, pair=True)[:3] == (32, 8, 1)  # rows for programs
 
 
 def _sharded_worker(rank, world, group):
@@ -141,7 +146,7 @@ def _sharded_worker(rank, world, group):
     for algo in ("gae", "vtrace", "affine_scan_forward"):
         p = _problem(algo, seed=2, shape=(bounds[-1], 3)).flagged_at(bounds[1:-1])
         whole = p.call("triton")
-        for plan in ({}, dict(walk=1, block_t=2, block_r=2, n_seg=2)):
+        for plan in ({}, dict(block_t=2, block_r=2, n_seg=2)):
             with kernels.forced_plan(**plan) if plan else _planned():
                 got = p.steps(lo, hi).call("triton", group=group)
             for g_, w in zip(got, whole):
@@ -151,9 +156,9 @@ def _sharded_worker(rank, world, group):
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="gloo ranks on the CPU, the kernels in the interpreter")
 def test_sharded_time_major_chunks():
-    """Each rank's chunk of a ``[T, N]`` sequence (``time_dim=0``) is time-major: the planned
-    regime and WALK reduce it to the handed map and scan it from the gathered maps, as one call
-    would."""
+    """Each rank's chunk of a ``[T, N]`` sequence (``time_dim=0``) is time-major: the WALK
+    regime, in one chunk and over chunks and segments, reduces it to the handed map and scans it
+    from the gathered maps, as one call would."""
     from helpers import spawn_gloo
 
     spawn_gloo(_sharded_worker, 2)

@@ -54,7 +54,7 @@ def forced_plan(**plan):
     """Force launch parameters (block_t, block_r, n_seg, num_warps; prev_mem: whether an epilogue
     that reads y one step back reads it from its outputs, in one segment only; time_major: plan
     with :func:`time_major_plan` whatever the strides; walk: the engine's WALK regime, one step
-    at a time; vec: the lanes of one mirrored run, 0 for natural lanes; programs: the programs
+    at a time, 1 or 2 passes a chunk, 0 for none; vec: the lanes of one mirrored run, 0 for natural lanes; programs: the programs
     the time-major plan splits time to reach) so tests reach every
     regime at small sizes and sweeps time each; meanwhile every call takes the full path
     (``launch.plan_forced``: no call plan, which would keep its own launch)."""
@@ -129,15 +129,18 @@ def time_major_plan(R: int, T: int, float64: bool, device: torch.device, reverse
     steps whose rows are contiguous (time-major data, ``[T, N]`` with N = R): the rows across the
     lanes, so that each step reads ``BLOCK_R`` neighbouring values.
 
-    By default the engine's tiles of natural lanes (no WALK) of one warp: a 16-byte load for each
-    of 32 threads along the rows (128 rows in float32, 64 in float64), chunks of 8 steps. Triton
-    lays the rows out fastest across the threads (coalesced loads) and scans each row's steps
-    within a thread and across the few threads that share the row. WALK (forced ``walk=1``) steps through each chunk one step at
-    a time (engine, ``_walk``), 32 rows a warp. The time axis splits into segments where the
-    rows' programs are fewer than twice the multiprocessors (forced ``programs``: that many),
-    never for the two-state scan."""
-    walk = bool(_forced.get("walk", False))
-    target = _forced.get("programs") or 2 * _multiprocessors(device)
+    By default the engine's WALK regime (``_walk``), two passes a chunk (``WALK = 2``; forced
+    ``walk=1``: one): one step at a time, chunks of 16 steps (8 in float64), 32 rows a warp, and
+    as many rows a program (up to 256, in 8 warps) as still fill the target of programs, four
+    times the multiprocessors. Forced ``walk=0``: the engine's scan across the lanes of tiles of
+    one warp, a 16-byte load for each of 32 threads along the rows (128 rows in float32, 64 in
+    float64), chunks of 8 steps: Triton lays the rows out fastest across the threads and scans
+    each row's steps within a thread and across the few threads that share the row; its target
+    is twice the multiprocessors. Forced ``programs`` sets the target. The time axis splits into
+    segments where the rows' programs fall short of the target (never for the two-state scan),
+    into no more than leave 64 maps a thread to fold in phase 2."""
+    walk = int(_forced.get("walk", 2))
+    target = _forced.get("programs") or (4 if walk else 2) * _multiprocessors(device)
     if walk:
         block_t = _forced.get("block_t") or min(_pow2(T), 8 if float64 else 16)
         block_r = _forced.get("block_r") or min(_pow2(R), max(32, min(256, _pow2(_cdiv(R, target)))))
@@ -154,7 +157,8 @@ def time_major_plan(R: int, T: int, float64: bool, device: torch.device, reverse
     row_programs = _cdiv(R, block_r)
     n_seg = _forced.get("n_seg") or 1
     if "n_seg" not in _forced and not pair and row_programs < target and T >= 4 * block_t:
-        n_seg = min(_cdiv(target, row_programs), _cdiv(T, block_t), MAX_SEGMENTS)
+        # phase 2 folds the segments' maps in a [BLOCK_R, SEG_BLOCK] tile: 64 numbers a thread at most
+        n_seg = min(_cdiv(target, row_programs), _cdiv(T, block_t), 64 * 32 * num_warps // block_r)
     seg_chunks = _cdiv(_cdiv(T, block_t), n_seg)
     n_seg = _cdiv(_cdiv(T, block_t), seg_chunks)
     seg_block = max(_pow2(n_seg), 32 * num_warps // block_r)
@@ -219,7 +223,7 @@ def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: b
                 _forced.get("prev_mem", need_prev and exact_outputs and algo.name in PREV_FROM_OUTPUTS))
             vec = 0  # natural lanes: a chunk's steps lie far apart
         else:
-            walk = bool(_forced.get("walk", False))
+            walk = int(_forced.get("walk", 0))
             # y one step back read from the outputs (PREV_MEM) where the epilogue can, in one segment
             prev_mem = bool(_forced.get("prev_mem", _prev_from_outputs(algo, R, T, device, exact_outputs)))
             planned = plan(R, T, acc64, device, reverse, need_prev, streams, algo.pair, prev_mem)

@@ -243,6 +243,17 @@ def _fold_pairs(fold, rows, rmask, own_x, own_y, R, REVERSE: tl.constexpr, ACC: 
 
 
 @triton.jit
+def _coefficients(BUILD: tl.constexpr, ins, rows, t, mask, T, ACC: tl.constexpr, EVEN: tl.constexpr):
+    """BUILD's ``(alpha, beta, ctx)``, the identity map outside ``mask`` (unless the tile is
+    full, ``EVEN``)."""
+    alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
+    if not EVEN:
+        alpha = tl.where(mask, alpha, 0.0)
+        beta = tl.where(mask, beta, 1.0)
+    return alpha, beta, ctx
+
+
+@triton.jit
 def _pair_coefficients(BUILD: tl.constexpr, ins, rows, t, mask, T, ACC: tl.constexpr, EVEN: tl.constexpr):
     """A two-state BUILD's ``(a1, b1, a2, b2, c1, ctx)``, the identity map outside ``mask``
     (unless the tile is full, ``EVEN``)."""
@@ -281,44 +292,65 @@ def _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE: tl.constexpr, BLOCK_T: tl.co
 @triton.jit
 def _walk(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, ca, cb, BUILD: tl.constexpr, STORE: tl.constexpr,
           REVERSE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr,
-          EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, IDX: tl.constexpr):
+          EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, IDX: tl.constexpr, WALK: tl.constexpr):
     """The WALK regime of one-value scans: the chunks of ``[c_lo, c_hi)`` in scan order, each
     step of a chunk a ``[BLOCK_R, 1]`` tile (BUILD and STORE see ``t`` of one step), y = a + b*y
     per step, no scan across lanes. Each program's rows are the lanes: where the rows are
     contiguous (time-major data) every step loads ``BLOCK_R`` neighbouring values. Phase 1 folds
     the steps into the segment's map ``(ca, cb)``; phases 0 and 2 store y (``y_prev`` is the
-    value before the step, the carry at the window's edge). Returns ``(ca, cb)``."""
+    value before the step, the carry at the window's edge). Returns ``(ca, cb)``.
+
+    ``WALK = 2`` (phases 0 and 2) walks each chunk twice: first with no stores, to the carry at
+    its end, then again from its start, storing. The compiler keeps each load after the stores
+    before it (they might alias), so in one pass every step waits for its loads; in the first
+    pass the chunk's loads are all in flight at once, and the second reads them from the cache."""
+    EARLY: tl.constexpr = WALK == 2 and PHASE != 1
     y = ca[:, None]
     m_b = cb[:, None]
     for k in range(n_iter):
+        if EARLY:
+            y_end = y
+            for j in tl.static_range(BLOCK_T):
+                t, mask = _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE, BLOCK_T, EVEN_T, IDX)
+                alpha, beta, ctx = _coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
+                y_end = _step(alpha, beta, y_end)
         for j in tl.static_range(BLOCK_T):
             t, mask = _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE, BLOCK_T, EVEN_T, IDX)
-            alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
-            if not (EVEN_R and EVEN_T):
-                alpha = tl.where(mask, alpha, 0.0)
-                beta = tl.where(mask, beta, 1.0)
+            alpha, beta, ctx = _coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
             y_prev = y
             y = _step(alpha, beta, y)
             if PHASE == 1:
                 m_b = tl.where(beta == 0, 0.0, beta * m_b)
             else:
                 STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
+        if EARLY:
+            y = y_end  # the same value: the first pass's loads feed the carry, so none is dropped
     return tl.sum(y, axis=1), tl.sum(m_b, axis=1)
 
 
 @triton.jit
 def _walk_pairs(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, s1, s2, s3, s4, s5, BUILD: tl.constexpr,
                 STORE: tl.constexpr, REVERSE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
-                BLOCK_T: tl.constexpr, EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, IDX: tl.constexpr):
+                BLOCK_T: tl.constexpr, EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, IDX: tl.constexpr,
+                WALK: tl.constexpr):
     """:func:`_walk` for the two-state scan (``PAIR``). Phase 1: ``(s1, ..., s5)`` is the map
     ``(a1, b1, a2, b2, c)`` folded so far, returned with the chunks' steps folded in; phase 0:
     ``s1``, ``s2`` are the carries ``(x, y)``, returned first (the others unused)."""
+    EARLY: tl.constexpr = WALK == 2 and PHASE != 1
     m1 = s1[:, None]
     m2 = s2[:, None]
     m3 = s3[:, None]
     m4 = s4[:, None]
     m5 = s5[:, None]
     for k in range(n_iter):
+        if EARLY:
+            x_end = m1
+            y_end = m2
+            for j in tl.static_range(BLOCK_T):
+                t, mask = _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE, BLOCK_T, EVEN_T, IDX)
+                a1, b1, a2, b2, c1, ctx = _pair_coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
+                y_end = _step(a2, b2, y_end) + tl.where(c1 == 0, 0.0, c1 * x_end)
+                x_end = _step(a1, b1, x_end)
         for j in tl.static_range(BLOCK_T):
             t, mask = _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE, BLOCK_T, EVEN_T, IDX)
             a1, b1, a2, b2, c1, ctx = _pair_coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
@@ -329,6 +361,9 @@ def _walk_pairs(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, s1, s2, s3, s4, s
                 m1 = _step(a1, b1, x)
                 m2 = _step(a2, b2, m2) + tl.where(c1 == 0, 0.0, c1 * x)
                 STORE(ins, outs, rows, t, mask, m2, m2, ctx, T, ACC)
+        if EARLY:
+            m1 = x_end
+            m2 = y_end
     return tl.sum(m1, axis=1), tl.sum(m2, axis=1), tl.sum(m3, axis=1), tl.sum(m4, axis=1), tl.sum(m5, axis=1)
 
 
@@ -393,13 +428,14 @@ def scan_kernel(ins, outs, ws, fold, R, T, seg_chunks, n_seg,
         if PAIR and PHASE == 1:
             ma1, mb1, ma2, mb2, mc1 = _walk_pairs(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, ma1, mb1, ma2, mb2,
                                                   mc1, BUILD, STORE, REVERSE, PHASE, ACC, BLOCK_T, EVEN_R, EVEN_T,
-                                                  IDX)
+                                                  IDX, WALK)
         elif PAIR:
             cx, ca, _u1, _u2, _u3 = _walk_pairs(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, cx, ca, ca, ca, ca,
-                                                BUILD, STORE, REVERSE, PHASE, ACC, BLOCK_T, EVEN_R, EVEN_T, IDX)
+                                                BUILD, STORE, REVERSE, PHASE, ACC, BLOCK_T, EVEN_R, EVEN_T, IDX,
+                                                WALK)
         else:
             ca, cb = _walk(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, ca, cb, BUILD, STORE, REVERSE, PHASE, ACC,
-                           BLOCK_T, EVEN_R, EVEN_T, IDX)
+                           BLOCK_T, EVEN_R, EVEN_T, IDX, WALK)
     else:
         for k in range(n_iter):
             if REVERSE:
@@ -431,10 +467,7 @@ def scan_kernel(ins, outs, ws, fold, R, T, seg_chunks, n_seg,
                         y = _mirror(y, VEC)
                     STORE(ins, outs, rows, t, mask, y, y, ctx, T, ACC)
             else:
-                alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
-                if not (EVEN_R and EVEN_T):
-                    alpha = tl.where(mask, alpha, 0.0)
-                    beta = tl.where(mask, beta, 1.0)
+                alpha, beta, ctx = _coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
                 if MIRROR:
                     alpha = _mirror(alpha, VEC)
                     beta = _mirror(beta, VEC)
