@@ -368,9 +368,14 @@ class Problem:
 
     def head(self, n: int) -> "Problem":
         """The same problem on its first ``n`` rows (a problem with one batch dim)."""
+        return self.rows(slice(0, n))
+
+    def rows(self, index) -> "Problem":
+        """The same problem on the rows ``index`` selects (a slice, or a sequence of row numbers;
+        a problem with one batch dim)."""
         shape = self.shape
         if len(shape) != 2:
-            raise ValueError(f"head() needs one batch dim and the time dim, not shape {shape}")
+            raise ValueError(f"rows() needs one batch dim and the time dim, not shape {shape}")
         row_dim = 1 - _time_dim(self.kwargs, 2)
 
         def cut(name, x):
@@ -384,7 +389,9 @@ class Problem:
                 dim = row_dim - (2 - x.dim())
             if dim < 0 or x.shape[dim] == 1:
                 return x
-            return x.narrow(dim, 0, min(n, x.shape[dim]))
+            if isinstance(index, slice):
+                return x[(slice(None),) * dim + (index,)]
+            return x.index_select(dim, torch.as_tensor(index, dtype=torch.long, device=x.device))
 
         args = tuple(cut(None, a) for a in self.args)
         return dataclasses.replace(self, args=args, kwargs={k: cut(k, v) for k, v in self.kwargs.items()})

@@ -52,8 +52,11 @@ _forced: dict = {}
 @contextlib.contextmanager
 def forced_plan(**plan):
     """Force launch parameters (block_t, block_r, n_seg, num_warps; prev_mem: whether an epilogue
-    that reads y one step back reads it from its outputs, in one segment only) so tests reach
-    every regime at small sizes; meanwhile every call takes the full path
+    that reads y one step back reads it from its outputs, in one segment only; time_major: plan
+    with :func:`time_major_plan` whatever the strides; walk: the engine's WALK regime, one step
+    at a time, 1 or 2 passes a chunk, 0 for none; vec: the lanes of one mirrored run, 0 for natural lanes; programs: the programs
+    the time-major plan splits time to reach) so tests reach every
+    regime at small sizes and sweeps time each; meanwhile every call takes the full path
     (``launch.plan_forced``: no call plan, which would keep its own launch)."""
     _forced.update(plan)
     try:
@@ -121,6 +124,55 @@ def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = Tr
     return block_r, block_t, n_seg, seg_chunks, num_warps, seg_block
 
 
+def time_major_plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = True, pair: bool = False):
+    """(BLOCK_R, BLOCK_T, n_seg, chunks per segment, num_warps, SEG_BLOCK, WALK) for R rows of T
+    steps whose rows are contiguous (time-major data, ``[T, N]`` with N = R): the rows across the
+    lanes, so that each step reads ``BLOCK_R`` neighbouring values.
+
+    By default the engine's WALK regime (``_walk``), two passes a chunk (``WALK = 2``; forced
+    ``walk=1``: one): one step at a time, chunks of 16 steps (8 in float64), 32 rows a warp, and
+    as many rows a program (up to 256, in 8 warps) as still fill the target of programs, four
+    times the multiprocessors. Forced ``walk=0``: the engine's scan across the lanes of tiles of
+    one warp, a 16-byte load for each of 32 threads along the rows (128 rows in float32, 64 in
+    float64), chunks of 8 steps: Triton lays the rows out fastest across the threads and scans
+    each row's steps within a thread and across the few threads that share the row; its target
+    is twice the multiprocessors. Forced ``programs`` sets the target. The time axis splits into
+    segments where the rows' programs fall short of the target (never for the two-state scan),
+    into no more than leave 64 maps a thread to fold in phase 2."""
+    walk = int(_forced.get("walk", 2))
+    target = _forced.get("programs") or (4 if walk else 2) * _multiprocessors(device)
+    if walk:
+        block_t = _forced.get("block_t") or min(_pow2(T), 8 if float64 else 16)
+        block_r = _forced.get("block_r") or min(_pow2(R), max(32, min(256, _pow2(_cdiv(R, target)))))
+        num_warps = _forced.get("num_warps") or max(1, min(8, block_r // 32))
+    else:
+        rows_per_warp = 32 * (2 if float64 else 4)  # a 16-byte load per thread
+        block_t = _forced.get("block_t") or min(_pow2(T), 8)
+        # the two-state scan splits no time: rows of 32 a program where the rows' programs are few
+        few = pair and _cdiv(R, rows_per_warp) < target
+        block_r = _forced.get("block_r") or min(_pow2(R), 32 if few else rows_per_warp)
+        # one warp: more would lie along time where flags load 16 rows a thread (scans across warps)
+        num_warps = _forced.get("num_warps") or 1
+        block_t = max(block_t, 32 * num_warps // block_r)  # the scan lowering: an element per thread at least
+    row_programs = _cdiv(R, block_r)
+    n_seg = _forced.get("n_seg") or 1
+    if "n_seg" not in _forced and not pair and row_programs < target and T >= 4 * block_t:
+        # phase 2 folds the segments' maps in a [BLOCK_R, SEG_BLOCK] tile: 64 numbers a thread at most
+        n_seg = min(_cdiv(target, row_programs), _cdiv(T, block_t), 64 * 32 * num_warps // block_r)
+    seg_chunks = _cdiv(_cdiv(T, block_t), n_seg)
+    n_seg = _cdiv(_cdiv(T, block_t), seg_chunks)
+    seg_block = max(_pow2(n_seg), 32 * num_warps // block_r)
+    return block_r, block_t, n_seg, seg_chunks, num_warps, seg_block, walk
+
+
+def is_time_major(x: torch.Tensor) -> bool:
+    """Whether an ``[R, T]`` view holds its rows closer together than its steps (time-major
+    data: ``[T, N]`` read with ``time_dim=0``, or any layout whose time stride is not the
+    smallest), for more than one row and step."""
+    R, T = x.shape[:2]
+    return R > 1 and T > 1 and abs(x.stride(1)) > abs(x.stride(0))
+
+
 def _many_rows(R: int, device: torch.device) -> bool:
     """Rows enough for four programs of 4 rows per multiprocessor: the plan's short-chunk regime."""
     return _cdiv(R, TILE // 128) >= 4 * _multiprocessors(device)
@@ -155,21 +207,31 @@ class _Config(NamedTuple):
 
 
 def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: bool, streams: int,
-                   device: torch.device, exact_outputs: bool = True) -> _Config:
+                   device: torch.device, exact_outputs: bool = True, time_major: bool = False) -> _Config:
     """The launch of ``algo`` on R rows of T steps, cached per shape class; ``exact_outputs``:
-    the outputs hold the accumulation dtype (an epilogue may then read y back from them)."""
-    key = (algo.name, R, T, acc64, reverse, streams, device, exact_outputs)
+    the outputs hold the accumulation dtype (an epilogue may then read y back from them);
+    ``time_major``: the rows lie closer together than the steps (:func:`time_major_plan`)."""
+    key = (algo.name, R, T, acc64, reverse, streams, device, exact_outputs, time_major)
     config = None if _forced else _launches.get(key)
     if config is None:
         build, init, store = PARTS[algo.name]
         need_prev = algo.need_prev
-        # y one step back read from the outputs (PREV_MEM) where the epilogue can, in one segment
-        prev_mem = bool(_forced.get("prev_mem", _prev_from_outputs(algo, R, T, device, exact_outputs)))
-        planned = plan(R, T, acc64, device, reverse, need_prev, streams, algo.pair, prev_mem)
-        if prev_mem and planned[2] > 1:
-            prev_mem = False
-            if "prev_mem" not in _forced:  # split time: the lane gather's plan
-                planned = plan(R, T, acc64, device, reverse, need_prev, streams, algo.pair)
+        if _forced.get("time_major", time_major):
+            *planned, walk = time_major_plan(R, T, acc64, device, reverse, algo.pair)
+            # WALK hands y one step back over; otherwise the lane gather or, in one segment, the outputs
+            prev_mem = not walk and planned[2] == 1 and bool(
+                _forced.get("prev_mem", need_prev and exact_outputs and algo.name in PREV_FROM_OUTPUTS))
+            vec = 0  # natural lanes: a chunk's steps lie far apart
+        else:
+            walk = int(_forced.get("walk", 0))
+            # y one step back read from the outputs (PREV_MEM) where the epilogue can, in one segment
+            prev_mem = bool(_forced.get("prev_mem", _prev_from_outputs(algo, R, T, device, exact_outputs)))
+            planned = plan(R, T, acc64, device, reverse, need_prev, streams, algo.pair, prev_mem)
+            if prev_mem and planned[2] > 1:
+                prev_mem = False
+                if "prev_mem" not in _forced:  # split time: the lane gather's plan
+                    planned = plan(R, T, acc64, device, reverse, need_prev, streams, algo.pair)
+            vec = None
         block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = planned
         if algo.pair:  # the two-state scan walks whole rows (the engine splits no time for it)
             n_seg, seg_chunks = 1, _cdiv(T, block_t)
@@ -177,14 +239,17 @@ def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: b
         even = (R % block_r == 0, T % block_t == 0)
         # reverse scans mirror runs of one vector load (16 bytes of the accumulation dtype);
         # chunks of up to 8 steps keep natural lanes (engine docstring)
-        vec = min(block_t, 2 if acc64 else 4) if reverse and block_t > 8 else 0
+        if vec is None:
+            vec = min(block_t, 2 if acc64 else 4) if reverse and block_t > 8 else 0
+        vec = 0 if walk else _forced.get("vec", vec)
+        prev_mem = prev_mem and not walk
         one_chunk = n_seg == 1 and block_t >= T
         constexprs = {phase: (build, init, store, reverse, need_prev, phase, acc, block_r, block_t, vec, seg_block,
-                              *even, one_chunk, algo.pair, need_prev and prev_mem)
+                              *even, one_chunk, algo.pair, walk, need_prev and prev_mem)
                       for phase in (0, 1, 2)}
         config = _Config((_cdiv(R, block_r), n_seg), block_r, block_t, seg_chunks, n_seg, constexprs, num_warps,
                          (algo.name, acc64, reverse, block_r, block_t, seg_block, num_warps, need_prev and prev_mem,
-                          device))
+                          walk, vec, device))
         if not _forced:
             _launches[key] = config
     return config
@@ -253,7 +318,9 @@ class Launch:
         reverse = algo.reverse if algo.reverse is not None else bool(args.reverse)
         streams = sum(isinstance(args[i], torch.Tensor) for i in algo.streams)
         exact = all(o.dtype == (torch.float64 if acc64 else torch.float32) for o in outs)
-        config = self.config = _launch_config(algo, R, T, acc64, reverse, streams, device, exact)
+        # the WALK regime reduces no moments: a launch that does keeps the lane regime's plan
+        config = self.config = _launch_config(algo, R, T, acc64, reverse, streams, device, exact,
+                                              is_time_major(ref) and moments is None)
         if algo.has_flags and args.terminated is not None and args.terminated is args.done:
             args = args._replace(terminated=None)  # done alone: every done a termination
         kinds = algo.kinds + ("f2",) * len(outs)

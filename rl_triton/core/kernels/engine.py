@@ -264,13 +264,139 @@ def _reduce_output(moments, tile, rows, t, mask):
     tile_moments(moments[0], tile, v, valid)
 
 
+
+@triton.jit
+def _coefficients(BUILD: tl.constexpr, ins, rows, t, mask, T, ACC: tl.constexpr, EVEN: tl.constexpr):
+    """BUILD's ``(alpha, beta, ctx)``, the identity map outside ``mask`` (unless the tile is
+    full, ``EVEN``)."""
+    alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
+    if not EVEN:
+        alpha = tl.where(mask, alpha, 0.0)
+        beta = tl.where(mask, beta, 1.0)
+    return alpha, beta, ctx
+
+
+@triton.jit
+def _pair_coefficients(BUILD: tl.constexpr, ins, rows, t, mask, T, ACC: tl.constexpr, EVEN: tl.constexpr):
+    """A two-state BUILD's ``(a1, b1, a2, b2, c1, ctx)``, the identity map outside ``mask``
+    (unless the tile is full, ``EVEN``)."""
+    alphas, betas, ctx = BUILD(ins, rows, t, mask, T, ACC)
+    a1 = alphas[0]
+    a2 = alphas[1]
+    b1 = betas[0]
+    b2 = betas[1]
+    c1 = betas[2]
+    if not EVEN:
+        a1 = tl.where(mask, a1, 0.0)
+        a2 = tl.where(mask, a2, 0.0)
+        b1 = tl.where(mask, b1, 1.0)
+        b2 = tl.where(mask, b2, 1.0)
+        c1 = tl.where(mask, c1, 0.0)
+    return a1, b1, a2, b2, c1, ctx
+
+
+@triton.jit
+def _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE: tl.constexpr, BLOCK_T: tl.constexpr, EVEN_T: tl.constexpr,
+               IDX: tl.constexpr):
+    """Step j in scan order of the k-th chunk of ``[c_lo, c_hi)`` in scan order, as a one-step
+    tile: ``t`` ([1]) and the [BLOCK_R, 1] mask."""
+    if REVERSE:
+        t = (c_hi - 1 - k) * BLOCK_T + (BLOCK_T - 1 - j)
+    else:
+        t = (c_lo + k) * BLOCK_T + j
+    t = (t + tl.arange(0, 1)).to(IDX)
+    if EVEN_T:
+        mask = rmask[:, None] & tl.full((1, 1), 1, tl.int1)
+    else:
+        mask = rmask[:, None] & (t < T)[None, :]
+    return t, mask
+
+
+@triton.jit
+def _walk(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, ca, cb, BUILD: tl.constexpr, STORE: tl.constexpr,
+          REVERSE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr,
+          EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, IDX: tl.constexpr, WALK: tl.constexpr):
+    """The WALK regime of one-value scans: the chunks of ``[c_lo, c_hi)`` in scan order, each
+    step of a chunk a ``[BLOCK_R, 1]`` tile (BUILD and STORE see ``t`` of one step), y = a + b*y
+    per step, no scan across lanes. Each program's rows are the lanes: where the rows are
+    contiguous (time-major data) every step loads ``BLOCK_R`` neighbouring values. Phase 1 folds
+    the steps into the segment's map ``(ca, cb)``; phases 0 and 2 store y (``y_prev`` is the
+    value before the step, the carry at the window's edge). Returns ``(ca, cb)``.
+
+    ``WALK = 2`` (phases 0 and 2) walks each chunk twice: first with no stores, to the carry at
+    its end, then again from its start, storing. The compiler keeps each load after the stores
+    before it (they might alias), so in one pass every step waits for its loads; in the first
+    pass the chunk's loads are all in flight at once, and the second reads them from the cache."""
+    EARLY: tl.constexpr = WALK == 2 and PHASE != 1
+    y = ca[:, None]
+    m_b = cb[:, None]
+    for k in range(n_iter):
+        if EARLY:
+            y_end = y
+            for j in tl.static_range(BLOCK_T):
+                t, mask = _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE, BLOCK_T, EVEN_T, IDX)
+                alpha, beta, ctx = _coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
+                y_end = _step(alpha, beta, y_end)
+        for j in tl.static_range(BLOCK_T):
+            t, mask = _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE, BLOCK_T, EVEN_T, IDX)
+            alpha, beta, ctx = _coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
+            y_prev = y
+            y = _step(alpha, beta, y)
+            if PHASE == 1:
+                m_b = tl.where(beta == 0, 0.0, beta * m_b)
+            else:
+                STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
+        if EARLY:
+            y = y_end  # the same value: the first pass's loads feed the carry, so none is dropped
+    return tl.sum(y, axis=1), tl.sum(m_b, axis=1)
+
+
+@triton.jit
+def _walk_pairs(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, s1, s2, s3, s4, s5, BUILD: tl.constexpr,
+                STORE: tl.constexpr, REVERSE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
+                BLOCK_T: tl.constexpr, EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, IDX: tl.constexpr,
+                WALK: tl.constexpr):
+    """:func:`_walk` for the two-state scan (``PAIR``). Phase 1: ``(s1, ..., s5)`` is the map
+    ``(a1, b1, a2, b2, c)`` folded so far, returned with the chunks' steps folded in; phase 0:
+    ``s1``, ``s2`` are the carries ``(x, y)``, returned first (the others unused)."""
+    EARLY: tl.constexpr = WALK == 2 and PHASE != 1
+    m1 = s1[:, None]
+    m2 = s2[:, None]
+    m3 = s3[:, None]
+    m4 = s4[:, None]
+    m5 = s5[:, None]
+    for k in range(n_iter):
+        if EARLY:
+            x_end = m1
+            y_end = m2
+            for j in tl.static_range(BLOCK_T):
+                t, mask = _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE, BLOCK_T, EVEN_T, IDX)
+                a1, b1, a2, b2, c1, ctx = _pair_coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
+                y_end = _step(a2, b2, y_end) + tl.where(c1 == 0, 0.0, c1 * x_end)
+                x_end = _step(a1, b1, x_end)
+        for j in tl.static_range(BLOCK_T):
+            t, mask = _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE, BLOCK_T, EVEN_T, IDX)
+            a1, b1, a2, b2, c1, ctx = _pair_coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
+            if PHASE == 1:
+                m1, m2, m3, m4, m5 = combine_pair(m1, m2, m3, m4, m5, a1, b1, a2, b2, c1)
+            else:
+                x = m1
+                m1 = _step(a1, b1, x)
+                m2 = _step(a2, b2, m2) + tl.where(c1 == 0, 0.0, c1 * x)
+                STORE(ins, outs, rows, t, mask, m2, m2, ctx, T, ACC)
+        if EARLY:
+            m1 = x_end
+            m2 = y_end
+    return tl.sum(m1, axis=1), tl.sum(m2, axis=1), tl.sum(m3, axis=1), tl.sum(m4, axis=1), tl.sum(m5, axis=1)
+
+
 @triton.jit
 def scan_kernel(ins, outs, ws, fold, moments, R, T, seg_chunks, n_seg,
                 BUILD: tl.constexpr, INIT: tl.constexpr, STORE: tl.constexpr,
                 REVERSE: tl.constexpr, NEED_PREV: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, VEC: tl.constexpr, SEG_BLOCK: tl.constexpr,
                 EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, ONE_CHUNK: tl.constexpr, PAIR: tl.constexpr,
-                PREV_MEM: tl.constexpr, IDX: tl.constexpr):
+                WALK: tl.constexpr, PREV_MEM: tl.constexpr, IDX: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     if EVEN_R:
         rmask = tl.full((BLOCK_R,), 1, tl.int1)
@@ -321,80 +447,79 @@ def scan_kernel(ins, outs, ws, fold, moments, R, T, seg_chunks, n_seg,
         n_iter = 1
     else:
         n_iter = c_hi - c_lo
-    for k in range(n_iter):
-        if REVERSE:
-            c = c_hi - 1 - k
+    if WALK:  # one step at a time (time-major data): see _walk
+        if PAIR and PHASE == 1:
+            ma1, mb1, ma2, mb2, mc1 = _walk_pairs(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, ma1, mb1, ma2, mb2,
+                                                  mc1, BUILD, STORE, REVERSE, PHASE, ACC, BLOCK_T, EVEN_R, EVEN_T,
+                                                  IDX, WALK)
+        elif PAIR:
+            cx, ca, _u1, _u2, _u3 = _walk_pairs(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, cx, ca, ca, ca, ca,
+                                                BUILD, STORE, REVERSE, PHASE, ACC, BLOCK_T, EVEN_R, EVEN_T, IDX,
+                                                WALK)
         else:
-            c = c_lo + k
-        t = (c * BLOCK_T + steps).to(IDX)
-        if EVEN_T:
-            mask = rmask[:, None] & tl.full((1, BLOCK_T), 1, tl.int1)
-        else:
-            mask = rmask[:, None] & (t < T)[None, :]
-        if PAIR:
-            alphas, betas, ctx = BUILD(ins, rows, t, mask, T, ACC)
-            a1 = alphas[0]
-            a2 = alphas[1]
-            b1 = betas[0]
-            b2 = betas[1]
-            c1 = betas[2]
-            if not (EVEN_R and EVEN_T):
-                a1 = tl.where(mask, a1, 0.0)
-                a2 = tl.where(mask, a2, 0.0)
-                b1 = tl.where(mask, b1, 1.0)
-                b2 = tl.where(mask, b2, 1.0)
-                c1 = tl.where(mask, c1, 0.0)
-            if MIRROR:
-                a1, b1, a2, b2, c1 = _mirror(a1, VEC), _mirror(b1, VEC), _mirror(a2, VEC), _mirror(b2, VEC), _mirror(
-                    c1, VEC)
-            A1, B1, A2, B2, C1 = tl.associative_scan((a1, b1, a2, b2, c1), 1, combine_pair, reverse=DOWN)
-            if PHASE == 1:
-                ma1, mb1, ma2, mb2, mc1 = combine_pair(ma1, mb1, ma2, mb2, mc1, _pick(A1, lanes, END),
-                                                       _pick(B1, lanes, END), _pick(A2, lanes, END),
-                                                       _pick(B2, lanes, END), _pick(C1, lanes, END))
+            ca, cb = _walk(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, ca, cb, BUILD, STORE, REVERSE, PHASE, ACC,
+                           BLOCK_T, EVEN_R, EVEN_T, IDX, WALK)
+    else:
+        for k in range(n_iter):
+            if REVERSE:
+                c = c_hi - 1 - k
             else:
-                x = _step(A1, B1, cx[:, None])
-                y = _step(A2, B2, ca[:, None]) + tl.where(C1 == 0, 0.0, C1 * cx[:, None])
-                if not ONE_CHUNK:
-                    cx = _pick(x, lanes, END)
-                    ca = _pick(y, lanes, END)
-                if MIRROR:
-                    y = _mirror(y, VEC)
-                STORE(ins, outs, rows, t, mask, y, y, ctx, T, ACC)
-                if moments is not None:
-                    _reduce_output(moments, tl.program_id(0) * n_chunks + c, rows, t, mask)
-        else:
-            alpha, beta, ctx = BUILD(ins, rows, t, mask, T, ACC)
-            if not (EVEN_R and EVEN_T):
-                alpha = tl.where(mask, alpha, 0.0)
-                beta = tl.where(mask, beta, 1.0)
-            if MIRROR:
-                alpha = _mirror(alpha, VEC)
-                beta = _mirror(beta, VEC)
-            A, B = tl.associative_scan((alpha, beta), 1, combine, reverse=DOWN)
-            if PHASE == 1:
-                a_end = _pick(A, lanes, END)
-                b_end = _pick(B, lanes, END)
-                ca = _step(a_end, b_end, ca)
-                cb = b_end * cb
+                c = c_lo + k
+            t = (c * BLOCK_T + steps).to(IDX)
+            if EVEN_T:
+                mask = rmask[:, None] & tl.full((1, BLOCK_T), 1, tl.int1)
             else:
-                y = _step(A, B, ca[:, None])
-                if NEED_PREV and not PREV_MEM:
-                    y_prev = _shifted(y, lanes, ca, DOWN)
-                    if MIRROR:
-                        y_prev = _mirror(y_prev, VEC)
-                if not ONE_CHUNK:
-                    ca = _pick(y, lanes, END)
+                mask = rmask[:, None] & (t < T)[None, :]
+            if PAIR:
+                a1, b1, a2, b2, c1, ctx = _pair_coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
                 if MIRROR:
-                    y = _mirror(y, VEC)
-                if NEED_PREV and PREV_MEM:
-                    STORE(ins, outs, rows, t, mask, y, None, ctx, T, ACC)
+                    a1, b1, a2, b2, c1 = _mirror(a1, VEC), _mirror(b1, VEC), _mirror(a2, VEC), _mirror(b2, VEC), _mirror(
+                        c1, VEC)
+                A1, B1, A2, B2, C1 = tl.associative_scan((a1, b1, a2, b2, c1), 1, combine_pair, reverse=DOWN)
+                if PHASE == 1:
+                    ma1, mb1, ma2, mb2, mc1 = combine_pair(ma1, mb1, ma2, mb2, mc1, _pick(A1, lanes, END),
+                                                           _pick(B1, lanes, END), _pick(A2, lanes, END),
+                                                           _pick(B2, lanes, END), _pick(C1, lanes, END))
                 else:
-                    if not NEED_PREV:
-                        y_prev = y
-                    STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
-                if moments is not None:
-                    _reduce_output(moments, tl.program_id(0) * n_chunks + c, rows, t, mask)
+                    x = _step(A1, B1, cx[:, None])
+                    y = _step(A2, B2, ca[:, None]) + tl.where(C1 == 0, 0.0, C1 * cx[:, None])
+                    if not ONE_CHUNK:
+                        cx = _pick(x, lanes, END)
+                        ca = _pick(y, lanes, END)
+                    if MIRROR:
+                        y = _mirror(y, VEC)
+                    STORE(ins, outs, rows, t, mask, y, y, ctx, T, ACC)
+                    if moments is not None:
+                        _reduce_output(moments, tl.program_id(0) * n_chunks + c, rows, t, mask)
+            else:
+                alpha, beta, ctx = _coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
+                if MIRROR:
+                    alpha = _mirror(alpha, VEC)
+                    beta = _mirror(beta, VEC)
+                A, B = tl.associative_scan((alpha, beta), 1, combine, reverse=DOWN)
+                if PHASE == 1:
+                    a_end = _pick(A, lanes, END)
+                    b_end = _pick(B, lanes, END)
+                    ca = _step(a_end, b_end, ca)
+                    cb = b_end * cb
+                else:
+                    y = _step(A, B, ca[:, None])
+                    if NEED_PREV and not PREV_MEM:
+                        y_prev = _shifted(y, lanes, ca, DOWN)
+                        if MIRROR:
+                            y_prev = _mirror(y_prev, VEC)
+                    if not ONE_CHUNK:
+                        ca = _pick(y, lanes, END)
+                    if MIRROR:
+                        y = _mirror(y, VEC)
+                    if NEED_PREV and PREV_MEM:
+                        STORE(ins, outs, rows, t, mask, y, None, ctx, T, ACC)
+                    else:
+                        if not NEED_PREV:
+                            y_prev = y
+                        STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
+                    if moments is not None:
+                        _reduce_output(moments, tl.program_id(0) * n_chunks + c, rows, t, mask)
 
     if PHASE == 1 and PAIR:
         w = (rows.to(tl.int64) * n_seg + seg) * 5
