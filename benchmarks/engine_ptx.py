@@ -30,6 +30,10 @@ def _calls(rt, torch, R, T, dtype, g):
         return torch.randn(*(shape or (R, T)), generator=g).to(dtype)
 
     r, v, nv, lp, lm = x(), x(), x(), x(), x()
+
+    def tm(a):
+        """``a`` laid out time-major: ``[T, R]``, the rows contiguous."""
+        return a.t().contiguous()
     term = torch.rand(R, T, generator=g) < 0.02
     trunc = torch.rand(R, T, generator=g) < 0.02
     done = term | trunc
@@ -83,6 +87,21 @@ def _calls(rt, torch, R, T, dtype, g):
         "arrival_gae_plain": lambda: rt.arrival_gae(r, v, done=done, **kw),
         "arrival_gae_no_flags": lambda: rt.arrival_gae(r, v, ratio=x().exp(), gamma=x() * 0 + 0.9, **kw),
         "arrival_gae_gamma": lambda: rt.arrival_gae(r, v, done=done, lmbda=x() * 0 + 0.9, **kw),
+        # time-major [T, R] rollouts (the engine's WALK regime; with the moments, the lane regime)
+        "gae_time_major": lambda: rt.gae(tm(r), tm(v), done=tm(done), time_dim=0, **kw),
+        "gae_whiten_std_time_major": lambda: rt.gae(tm(r), tm(v), done=tm(done), time_dim=0,
+                                                    whiten=dict(eps_mode="std"), **kw),
+        "td_lambda_return_time_major": lambda: rt.td_lambda_return(tm(r), tm(nv), done=tm(done), time_dim=0, **kw),
+        "discounted_return_time_major": lambda: rt.discounted_return(tm(r), done=tm(done), time_dim=0, **kw),
+        "vtrace_time_major": lambda: rt.vtrace(tm(r), tm(v), tm(lp), tm(lm), done=tm(done), time_dim=0, **kw),
+        "retrace_time_major": lambda: rt.retrace(tm(r), tm(v), tm(lp), tm(lm), next_expected_q=tm(nv),
+                                                 done=tm(done), time_dim=0, **kw),
+        "eligibility_trace_time_major": lambda: rt.eligibility_trace(tm(r), done=tm(done), gamma=0.9, time_dim=0,
+                                                                     **kw),
+        "episodic_cumsum_time_major": lambda: rt.episodic_cumsum(tm(r), done=tm(done), time_dim=0, **kw),
+        "affine_scan_forward_time_major": lambda: rt.affine_scan(tm(r), tm(v), reverse=False, time_dim=0, **kw),
+        "gae_mask_skip_time_major": lambda: rt.gae(tm(r), tm(v), mask=tm(~term), time_dim=0, **kw),
+        "arrival_gae_time_major": lambda: rt.arrival_gae(tm(r), tm(v), done=tm(done), time_dim=0, **kw),
     }
 
 

@@ -7,7 +7,6 @@ import os
 import sys
 
 import pytest
-import torch
 
 kernels = pytest.importorskip("rl_triton.core.kernels")
 pytestmark = pytest.mark.skipif(not (kernels.AVAILABLE and kernels.INTERPRET),

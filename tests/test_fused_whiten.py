@@ -23,7 +23,8 @@ from rl_triton.core.kernels import moments as kmoments  # noqa: E402
 
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
 _CUDA = torch.cuda.is_available() and not TRITON_INTERPRET_AT_STARTUP
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not _CUDA, reason="needs CUDA without the interpreter"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not _CUDA,
+                                                                reason="needs CUDA without the interpreter"))]
 # masked_whiten's conventions (verl's defaults, rsl_rl's std, OpenRLHF's clamp and no_std_norm,
 # the shift back, and a large eps added to the biased variance)
 CONVENTIONS = [{}, dict(eps_mode="std"), dict(unbiased=False, eps_mode="clamp"), dict(scale=False),

@@ -46,6 +46,11 @@ except ImportError:  # CPU-only installs without triton still work on the other 
 
 TILE = 512
 MAX_SEGMENTS = 1024
+# The time-major regime (:func:`time_major_plan`) for launches whose rows lie closer together
+# than their steps: off until its device time is measured on an H200 (benchmarks/time_major.py
+# times it). ``forced_plan(time_major=1)`` turns it on for one block, this switch for every
+# launch planned after it is set (call plans keep theirs: ``plans.clear()``).
+TIME_MAJOR_REGIME = False
 _forced: dict = {}
 
 
@@ -54,8 +59,8 @@ def forced_plan(**plan):
     """Force launch parameters (block_t, block_r, n_seg, num_warps; prev_mem: whether an epilogue
     that reads y one step back reads it from its outputs, in one segment only; time_major: plan
     with :func:`time_major_plan` whatever the strides; walk: the engine's WALK regime, one step
-    at a time, 1 or 2 passes a chunk, 0 for none; vec: the lanes of one mirrored run, 0 for natural lanes; programs: the programs
-    the time-major plan splits time to reach) so tests reach every
+    at a time, 1 or 2 passes a chunk, 0 for none; vec: the lanes of one mirrored run, 0 for
+    natural lanes; programs: the programs the time-major plan splits time to reach) so tests reach every
     regime at small sizes and sweeps time each; meanwhile every call takes the full path
     (``launch.plan_forced``: no call plan, which would keep its own launch)."""
     _forced.update(plan)
@@ -211,6 +216,7 @@ def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: b
     """The launch of ``algo`` on R rows of T steps, cached per shape class; ``exact_outputs``:
     the outputs hold the accumulation dtype (an epilogue may then read y back from them);
     ``time_major``: the rows lie closer together than the steps (:func:`time_major_plan`)."""
+    time_major = time_major and TIME_MAJOR_REGIME
     key = (algo.name, R, T, acc64, reverse, streams, device, exact_outputs, time_major)
     config = None if _forced else _launches.get(key)
     if config is None:
@@ -483,8 +489,8 @@ class Launch:
             namespace.update(zip(names, constexprs))
             namespace.update({f"_k{phase}": kernel, "_launch": launch_compiled})
             lines.append(f"_launch(_k{phase}, _g0, _g1, _s, "
-                         f"({', '.join(items[:n])},), ({', '.join(items[n:])},), _ws, None, None, {', '.join(runtime)}, "
-                         f"{', '.join(names)}, _idx)")
+                         f"({', '.join(items[:n])},), ({', '.join(items[n:])},), _ws, None, None, "
+                         f"{', '.join(runtime)}, {', '.join(names)}, _idx)")
         return lines
 
     def edge_map(self, args, outs, edge: torch.Tensor) -> None:

@@ -473,8 +473,8 @@ def scan_kernel(ins, outs, ws, fold, moments, R, T, seg_chunks, n_seg,
             if PAIR:
                 a1, b1, a2, b2, c1, ctx = _pair_coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
                 if MIRROR:
-                    a1, b1, a2, b2, c1 = _mirror(a1, VEC), _mirror(b1, VEC), _mirror(a2, VEC), _mirror(b2, VEC), _mirror(
-                        c1, VEC)
+                    a1, b1, a2, b2, c1 = (_mirror(a1, VEC), _mirror(b1, VEC), _mirror(a2, VEC), _mirror(b2, VEC),
+                                          _mirror(c1, VEC))
                 A1, B1, A2, B2, C1 = tl.associative_scan((a1, b1, a2, b2, c1), 1, combine_pair, reverse=DOWN)
                 if PHASE == 1:
                     ma1, mb1, ma2, mb2, mc1 = combine_pair(ma1, mb1, ma2, mb2, mc1, _pick(A1, lanes, END),
