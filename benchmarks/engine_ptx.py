@@ -185,8 +185,17 @@ def collect(root: str | None, only: str = "") -> dict:
                     call()
                     out[f"{name} {R}x{T} {str(dtype)[6:]}"] = list(captured)
                 except Exception as e:  # a call that fails to compile is reported, the others still run
-                    out[f"{name} {R}x{T} {str(dtype)[6:]}"] = f"ERROR {type(e).__name__}: {str(e)[-1500:]}"
+                    out[f"{name} {R}x{T} {str(dtype)[6:]}"] = "ERROR " + _chain(e)
     return out
+
+
+def _chain(e: BaseException) -> str:
+    """An exception and its causes, innermost last (a compile error's cause is where it failed)."""
+    parts = []
+    while e is not None and len(parts) < 8:
+        parts.append(f"{type(e).__name__}: {str(e)[-1500:]}")
+        e = e.__cause__ or e.__context__
+    return "\n-- caused by --\n".join(parts)
 
 
 def _instructions(ptx: str) -> list[str]:

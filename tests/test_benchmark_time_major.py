@@ -53,8 +53,11 @@ def test_ratios_and_targets_from_timers():
     assert tm.verdict(dict(r, ratio=1.1, tm_us=19.0), 15.0) == "ok"
 
 
-def test_sweep_marks_the_fastest_candidate():
-    """Each candidate is checked, then timed (time-major, batch-major); the fastest is named."""
+def test_sweep_marks_the_fastest_candidate(monkeypatch):
+    """Each candidate is checked, then timed (time-major, batch-major); the fastest is named
+    (with the time-major regime switched on, as main() does by default)."""
+    monkeypatch.setattr(tm.kernels, "TIME_MAJOR_REGIME", True)
+    monkeypatch.setattr(tm.kernels, "_launches", {})
     cell = tm.Cell("vtrace", 5, 8, "cpu")
     times = iter([10.0, 20.0, 8.0, 12.0])  # the default plan and batch-major, then the candidates
     candidates = [dict(walk=1), dict(walk=0, block_r=4, block_t=8)]

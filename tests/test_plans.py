@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import rl_triton
-from rl_triton.core import plans
+from rl_triton.core import kernels, plans
 from rl_triton.testing import make
 from rl_triton.testing.catalog import VARIANTS
 
@@ -228,7 +228,7 @@ def fake_triton(monkeypatch):
         def run(self, *args):
             launched.append(args[9:])
 
-    def dispatch(config, args, ws, runtime, phase, idx, fold=None, moments=None):
+    def dispatch(config, args, ws, runtime, phase, idx, fold=None, moments=kernels.NO_MOMENTS):
         dispatched.append((args, ws, fold, moments, runtime, config.constexprs[phase], idx))
         return Compiled()
 
@@ -270,7 +270,7 @@ def test_direct_launch_passes_what_dispatch_passes(fake_triton, moments):
     (ins, outs_), ws, fold, reduced, runtime, constexprs, idx = dispatched[0]
     assert fold is None
     if moments is None:
-        assert reduced is None
+        assert reduced == kernels.NO_MOMENTS
     else:
         k, flag = moments
         assert reduced == (parts, outs_[k], None if flag is None else ins[spec.GAE.names.index(flag)])
@@ -358,8 +358,8 @@ def test_a_chunk_launch_from_pointers_passes_what_dispatch_passes(fake_triton, m
         return x.data_ptr() if isinstance(x, torch.Tensor) else x
 
     for got, ((ins, outs_), ws, fold, _, runtime, constexprs, idx) in zip((launched[0], launched[2]), dispatched):
-        assert got == (as_pointers(ins), as_pointers(outs_), ws.data_ptr(), as_pointers(fold), None, *runtime,
-                       *constexprs, idx)
+        assert got == (as_pointers(ins), as_pointers(outs_), ws.data_ptr(), as_pointers(fold), kernels.NO_MOMENTS,
+                       *runtime, *constexprs, idx)
     assert dispatched[0][2] is None and dispatched[1][2] == (chunk.gathered, 3, 1, divisor)
     hand_args, hand_constexprs = handed[0]
     assert launched[1] == (*as_pointers(hand_args), *hand_constexprs)
@@ -398,7 +398,7 @@ def test_generated_hit_passes_what_dispatch_passes(shape, fake_triton):
             assert got[0] == as_pointers(ins)
             assert got[1] == tuple((o.data_ptr(), *t[1:]) for o, t in zip((adv, tgt), outs_))
             assert got[2] == r.data_ptr() if phases == 1 else got[2] != r.data_ptr()  # a workspace of its own
-            assert got[3] is None and got[4] is None and got[5:] == (*runtime, *constexprs, idx)
+            assert got[3] is None and got[4] == kernels.NO_MOMENTS and got[5:] == (*runtime, *constexprs, idx)
     assert len(dispatched) == phases
     offset = torch.randn(R * T + 1)[1:].view(R, T)  # 4 bytes past an aligned address
     call(offset)

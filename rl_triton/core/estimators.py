@@ -145,8 +145,19 @@ def _kl_args(c, kl: KLShaping | None) -> dict:
     """The fused kernels' KL group (spec.KL) for ``kl``: none without it."""
     if kl is None:
         return {}
+    coef, clamp = kl.coef, kl.clamp
+    if c.backend == "triton":
+        # the numbers as broadcast tensors: Triton 3.6 cannot compile the builders' test of which
+        # slot is present on a constant slot ``(None, value)``
+        coef, clamp = _broadcast(c, coef), None if clamp is None else _broadcast(c, clamp)
     return {"log_probs": c.view(kl.log_probs), "ref_log_probs": c.view(kl.ref_log_probs),
-            f"kl_{kl.estimator}": kl.coef, "kl_clamp": kl.clamp}
+            f"kl_{kl.estimator}": coef, "kl_clamp": clamp}
+
+
+def _broadcast(c, value: float) -> torch.Tensor:
+    """``value`` as an ``[R, T]`` view of one element in the compute dtype, on the call's device."""
+    rows = c.rows
+    return torch.full((1, 1), value, dtype=c.compute_dtype, device=rows.device).expand(rows.R, rows.T)
 
 
 def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str, clamp: float | None):

@@ -45,6 +45,9 @@ except ImportError:  # CPU-only installs without triton still work on the other 
     AVAILABLE = False
 
 TILE = 512
+# the engine's ``moments`` of a launch that reduces no output: a tuple throughout, since Triton
+# 3.6 cannot compile ``is not None`` of a tuple argument holding a None (the unmasked reduction's flag)
+NO_MOMENTS = (None, None, None)
 MAX_SEGMENTS = 1024
 # The time-major regime (:func:`time_major_plan`) for launches whose rows lie closer together
 # than their steps: off until its device time is measured on an H200 (benchmarks/time_major.py
@@ -424,9 +427,9 @@ class Launch:
 
     def _moments(self, ins, outs, parts):
         """The engine's ``moments`` from its packed ``ins`` and ``outs`` and the partials
-        ``parts`` (a tensor or a data pointer); None where the launch reduces no output."""
+        ``parts`` (a tensor or a data pointer); ``NO_MOMENTS`` where the launch reduces no output."""
         if self.moments is None:
-            return None
+            return NO_MOMENTS
         k, flag = self.moments
         return parts, outs[k], None if flag is None else ins[flag]
 
@@ -489,7 +492,7 @@ class Launch:
             namespace.update(zip(names, constexprs))
             namespace.update({f"_k{phase}": kernel, "_launch": launch_compiled})
             lines.append(f"_launch(_k{phase}, _g0, _g1, _s, "
-                         f"({', '.join(items[:n])},), ({', '.join(items[n:])},), _ws, None, None, "
+                         f"({', '.join(items[:n])},), ({', '.join(items[n:])},), _ws, None, (None, None, None), "
                          f"{', '.join(runtime)}, {', '.join(names)}, _idx)")
         return lines
 
@@ -636,7 +639,7 @@ def _launchable(kernel) -> bool:
     return not INTERPRET and hasattr(kernel, "packed_metadata") and hasattr(kernel, "function")
 
 
-def _dispatch(config: _Config, args, ws, runtime, phase, idx, fold=None, moments=None):
+def _dispatch(config: _Config, args, ws, runtime, phase, idx, fold=None, moments=NO_MOMENTS):
     """Launch one phase of the engine through Triton's dispatch (compiling if needed); returns
     the compiled kernel. ``fold``, ``moments``: the engine's (phases 0 and 2)."""
     try:

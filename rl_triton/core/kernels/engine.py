@@ -41,7 +41,7 @@ handed on from carry 0, its gain and the rank's own carry, then whether the rank
 order (:func:`_fold_ranks`), then divided by ``divisor`` (a one-element tensor; a tuple argument
 holds no None in compiled kernels).
 
-``moments`` (None: off) reduces one output tile by tile for a whitening that follows
+``moments`` (three Nones: off) reduces one output tile by tile for a whitening that follows
 (rl_triton/core/whiten.py): ``(parts, out, flag)``, ``out`` the view of the output that STORE
 writes and ``flag`` a flag input's view (None: every step counts); after each STORE the
 program reads the tile of ``out`` back (what it wrote, rounded to the output's dtype) and
@@ -489,7 +489,7 @@ def scan_kernel(ins, outs, ws, fold, moments, R, T, seg_chunks, n_seg,
                     if MIRROR:
                         y = _mirror(y, VEC)
                     STORE(ins, outs, rows, t, mask, y, y, ctx, T, ACC)
-                    if moments is not None:
+                    if moments[0] is not None:
                         _reduce_output(moments, tl.program_id(0) * n_chunks + c, rows, t, mask)
             else:
                 alpha, beta, ctx = _coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
@@ -518,7 +518,7 @@ def scan_kernel(ins, outs, ws, fold, moments, R, T, seg_chunks, n_seg,
                         if not NEED_PREV:
                             y_prev = y
                         STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
-                    if moments is not None:
+                    if moments[0] is not None:
                         _reduce_output(moments, tl.program_id(0) * n_chunks + c, rows, t, mask)
 
     if PHASE == 1 and PAIR:
