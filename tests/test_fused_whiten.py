@@ -246,3 +246,79 @@ def test_masked_whiten_many_blocks_a_program(device, options, monkeypatch):
     mask[3] = True
     y = rt.masked_whiten(x, mask, backend="triton", **options)
     torch.testing.assert_close(y.cpu(), _oracle_whitened(x, mask, options, F64), equal_nan=True)
+
+
+# -- repeated calls ------------------------------------------------------------------------------
+@pytest.fixture
+def replays(monkeypatch):
+    """Graph replays switched on with a stand-in capture (tests/test_graphs.py's): it records
+    "capture" and "replay" and replays by running the captured call again."""
+    from rl_triton.core import graphs, plans
+
+    record = []
+
+    def capture(launch, device):
+        record.append("capture")
+        if launch() is None:
+            return None
+
+        def replay():
+            record.append("replay")
+            launch()
+
+        return replay
+
+    monkeypatch.setenv("RL_TRITON_GRAPHS", "1")
+    monkeypatch.setattr(graphs, "eligible", graphs.outputs_given)
+    monkeypatch.setattr(graphs, "launch_ok", lambda device: True)
+    monkeypatch.setattr(graphs, "capturing", lambda: False)
+    monkeypatch.setattr(graphs, "capture", capture)
+    plans.clear()
+    yield record
+    plans.clear()
+
+
+@pytest.mark.parametrize("mode", MASKS)
+def test_repeated_whitened_calls_replay_and_read_new_values(replays, mode):
+    """rsl_rl's repeated call (the same tensors, new values, ``out=``): the first call builds the
+    plan, the second runs its hit path, the third is captured and replayed, later ones replay;
+    each result the oracle's."""
+    require_backend("triton")
+    r, v, boot, mask = _rollout(5, 9, F64, "cpu", seed=1)
+    out = (torch.empty_like(r), torch.empty_like(r))
+    options = dict(eps_mode="std")
+    for i in range(5):
+        fresh = _rollout(5, 9, F64, "cpu", seed=20 + i)
+        r.copy_(fresh[0])
+        if mask is not None:
+            mask.copy_(fresh[3])
+        got = _gae(r, v, boot, mask, mode, options, out=out)
+        assert got[0] is out[0] and got[1] is out[1]
+        _check(out[0], r, v, boot, mask, mode, options, F64)
+    assert replays == ["capture", "replay", "replay", "replay"]
+
+
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA without the interpreter")
+@pytest.mark.parametrize("mode", MASKS)
+@pytest.mark.parametrize("shape", [(4096, 24), (4, 20000)])  # rsl_rl's rows; a time split (a workspace)
+def test_a_real_graph_of_a_whitened_call_on_a_gpu(monkeypatch, mode, shape):
+    """On a GPU: the graph captured on a whitened call's second occurrence (scan with partials,
+    their fold and the normalisation, the partials' buffer in the graph's memory) recomputes the
+    call from the tensors' current values on every replay."""
+    from rl_triton.core import graphs, plans
+
+    monkeypatch.setenv("RL_TRITON_GRAPHS", "1")
+    captured = []
+    capture = graphs.capture
+    monkeypatch.setattr(graphs, "capture", lambda launch, device: captured.append(1) or capture(launch, device))
+    plans.clear()
+    r, v, boot, mask = _rollout(*shape, F32, "cuda", seed=3)
+    out = (torch.empty_like(r), torch.empty_like(r))
+    for i in range(5):
+        fresh = _rollout(*shape, F32, "cuda", seed=50 + i)
+        r.copy_(fresh[0])
+        _gae(r, v, boot, mask, mode, dict(eps_mode="std"), out=out)
+        torch.cuda.synchronize()
+        _check(out[0], r, v, boot, mask, mode, dict(eps_mode="std"), F32)
+    assert captured == [1]
+    plans.clear()
