@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import TRITON_INTERPRET_AT_STARTUP, require_backend
+from test_graphs import replays  # noqa: F401 (a fixture)
 
 import rl_triton as rt
 from rl_triton.core import whiten as whitening
@@ -248,34 +249,7 @@ def test_masked_whiten_many_blocks_a_program(device, options, monkeypatch):
     torch.testing.assert_close(y.cpu(), _oracle_whitened(x, mask, options, F64), equal_nan=True)
 
 
-# -- repeated calls ------------------------------------------------------------------------------
-@pytest.fixture
-def replays(monkeypatch):
-    """Graph replays switched on with a stand-in capture (tests/test_graphs.py's): it records
-    "capture" and "replay" and replays by running the captured call again."""
-    from rl_triton.core import graphs, plans
-
-    record = []
-
-    def capture(launch, device):
-        record.append("capture")
-        if launch() is None:
-            return None
-
-        def replay():
-            record.append("replay")
-            launch()
-
-        return replay
-
-    monkeypatch.setenv("RL_TRITON_GRAPHS", "1")
-    monkeypatch.setattr(graphs, "eligible", graphs.outputs_given)
-    monkeypatch.setattr(graphs, "launch_ok", lambda device: True)
-    monkeypatch.setattr(graphs, "capturing", lambda: False)
-    monkeypatch.setattr(graphs, "capture", capture)
-    plans.clear()
-    yield record
-    plans.clear()
+# -- repeated calls (the replays fixture: graph replays with tests/test_graphs.py's stand-in capture)
 
 
 @pytest.mark.parametrize("mode", MASKS)
