@@ -176,11 +176,12 @@ def test_gae_whiten_layouts_and_dtypes(device, dtype, mode):
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
 @pytest.mark.parametrize("mode", MASKS)
-@pytest.mark.parametrize("plan", [dict(block_t=4, block_r=2), dict(block_t=4, block_r=2, n_seg=3)])
-def test_gae_whiten_over_many_tiles_and_segments(device, mode, plan):
+@pytest.mark.parametrize("plan", [dict(block_t=4, block_r=2), dict(block_t=4, block_r=1, n_seg=3)])
+def test_gae_whiten_over_many_tiles_and_segments(device, mode, plan, monkeypatch):
     """Partial tiles in both dims, several chunks a row, and (unmasked and pad) the time split
-    into segments: one partial per row block and chunk."""
+    into segments: one partial per row block and chunk (24 or 42), folded 32 at a time."""
     device = _device(device)
+    monkeypatch.setattr(kmoments, "FOLD_BLOCK", 32)
     r, v, boot, mask = _rollout(7, 23, F32, device, seed=11)
     with forced_plan(**plan):  # the unwhitened advantages of _check's under the same plan
         adv, _ = _gae(r, v, boot, mask, mode, dict(eps_mode="std"))

@@ -285,11 +285,13 @@ def normalize(x, y, parts, unbiased, shift_mean, scale, eps, eps_mode):
     flat, out = x.view(-1), y.view(-1)
     n, P = flat.numel(), parts.shape[0]
     G = max(1, min(-(-n // k.BLOCK), k.MAX_PROGRAMS))
+    # the partials a program reads at a time: a power of two from 32 (fewer registers for few)
+    fold_block = min(k.FOLD_BLOCK, 1 << max(5, (P - 1).bit_length()))
     ptrs = [t.data_ptr() for t in (flat, out, parts)]
     key = ("whiten", x.dtype, unbiased, scale, eps_mode, shift_mean, tuple(p % 16 == 0 for p in ptrs), n % 16 == 0,
-           n == 1, n >= 1 << 31, P % 16 == 0, P == 1, x.device)
+           n == 1, n >= 1 << 31, P % 16 == 0, P == 1, fold_block, x.device)
     _launch(key, k.whiten_kernel, (G,), (flat, out, parts, n, P, *_float32_pair(eps)),
-            (unbiased, scale, eps_mode == "clamp", eps_mode == "std", not shift_mean, k.FOLD_BLOCK, k.BLOCK))
+            (unbiased, scale, eps_mode == "clamp", eps_mode == "std", not shift_mean, fold_block, k.BLOCK))
 
 
 def _launch(key, kernel, grid, args, constexprs):

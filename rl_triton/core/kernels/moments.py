@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 BLOCK = 4096  # elements a program reduces or normalises at a time
-FOLD_BLOCK = 1024  # partials a program reads at a time
+FOLD_BLOCK = 1024  # partials a program reads at a time, at most
 MAX_PARTS = 512  # partials moments_kernel leaves at most (programs, each reducing every MAX_PARTS-th block)
 MAX_PROGRAMS = 1024  # programs of whiten_kernel at most (each normalising every MAX_PROGRAMS-th block)
 
