@@ -205,21 +205,41 @@ def test_gae_whiten_extreme_magnitudes(device, mode, options):
 @pytest.mark.parametrize("mode", MASKS)
 def test_gae_whiten_where_the_scan_cannot_reduce(device, mode, monkeypatch):
     """Too many tiles for the fold, an ``out=`` with gaps and one that is an input: the plain
-    scan, then masked_whiten, with the same result."""
+    scan, then masked_whiten (three launches: the scan, the partials, their fold and the
+    normalisation), with the same result."""
+    from rl_triton.core import plans
+
     device = _device(device)
     r, v, boot, mask = _rollout(5, 8, F64, device, seed=4)
     options = dict(eps_mode="std")
     want = _gae(r, v, boot, mask, mode, options)[0]
     _check(want, r, v, boot, mask, mode, options, F64)
+    plain = ["scan_kernel", "moments_kernel", "whiten_kernel"]
     monkeypatch.setattr(whitening, "MAX_SCAN_PARTS", 0)
-    torch.testing.assert_close(_gae(r, v, boot, mask, mode, options)[0], want, rtol=1e-12, atol=1e-12)
+    plans.clear()  # the signature's plan accepted the scan under the old limit
+    with _counted_where_interpreted() as names:
+        got = _gae(r, v, boot, mask, mode, options)[0]
+    assert names in (None, plain)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     monkeypatch.undo()
     gaps = torch.zeros(5, 16, dtype=F64, device=device)[:, ::2]
-    _gae(r, v, boot, mask, mode, options, out=(gaps, torch.empty_like(r)))
-    torch.testing.assert_close(gaps, want, rtol=1e-12, atol=1e-12)
     r2 = r.clone()
-    _gae(r2, v, boot, mask, mode, options, out=(r2, torch.empty_like(r)))
-    torch.testing.assert_close(r2, want, rtol=1e-12, atol=1e-12)
+    # advantages with gaps whiten as torch ops (masked_whiten's Triton path takes contiguous ones)
+    for out, launches in (((gaps, torch.empty_like(r)), ["scan_kernel"]), ((r2, torch.empty_like(r)), plain)):
+        with _counted_where_interpreted() as names:
+            _gae(r2, v, boot, mask, mode, options, out=out)
+        assert names in (None, launches)
+        torch.testing.assert_close(out[0], want, rtol=1e-12, atol=1e-12)
+
+
+@contextlib.contextmanager
+def _counted_where_interpreted():
+    """:func:`_counted` in Triton's interpreter; elsewhere nothing is counted (None)."""
+    if not TRITON_INTERPRET_AT_STARTUP:
+        yield None
+        return
+    with _counted() as names:
+        yield names
 
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
