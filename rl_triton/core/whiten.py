@@ -373,6 +373,7 @@ def _dense_flat(x: torch.Tensor) -> torch.Tensor | None:
     return permuted.view(-1) if permuted.is_contiguous() else None
 
 
+@functools.lru_cache(maxsize=64)  # a training loop passes one eps
 def _float32_pair(value: float) -> tuple[float, float]:
     """``(hi, lo)``: ``value`` rounded to float32 and the rest rounded to float32, whose float64
     sum is ``value`` to 48 bits for values of 1e-30 or more (a kernel argument reaches Triton as
