@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import TRITON_INTERPRET_AT_STARTUP, require_backend
+from test_graphs import replays  # noqa: F401 (a fixture)
 
 import rl_triton as rt
 from rl_triton.core import whiten as whitening
@@ -156,10 +157,12 @@ def test_masked_whiten_is_two_launches(mask_dtype, options):
 @pytest.mark.parametrize("dtype", [F32, F64, BF16])
 @pytest.mark.parametrize("mode", MASKS)
 def test_gae_whiten_layouts_and_dtypes(device, dtype, mode):
-    """time_dim 1 and 0 (a transposed rollout), new outputs and out=, each convention once."""
+    """time_dim 1 and 0 (a transposed rollout), new outputs and out=; two conventions a dtype,
+    each convention with one dtype (test_gae_whiten_is_two_launches has each in float64)."""
     device = _device(device)
     R, T = 6, 13
-    for k, options in enumerate(CONVENTIONS):
+    first = [F32, F64, BF16].index(dtype)
+    for k, options in enumerate(CONVENTIONS[first::3]):
         r, v, boot, mask = _rollout(R, T, dtype, device, seed=k)
         adv, ret = _gae(r, v, boot, mask, mode, options)
         _check(adv, r, v, boot, mask, mode, options, dtype)
@@ -176,11 +179,12 @@ def test_gae_whiten_layouts_and_dtypes(device, dtype, mode):
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
 @pytest.mark.parametrize("mode", MASKS)
-@pytest.mark.parametrize("plan", [dict(block_t=4, block_r=2), dict(block_t=4, block_r=2, n_seg=3)])
-def test_gae_whiten_over_many_tiles_and_segments(device, mode, plan):
+@pytest.mark.parametrize("plan", [dict(block_t=4, block_r=2), dict(block_t=4, block_r=1, n_seg=3)])
+def test_gae_whiten_over_many_tiles_and_segments(device, mode, plan, monkeypatch):
     """Partial tiles in both dims, several chunks a row, and (unmasked and pad) the time split
-    into segments: one partial per row block and chunk."""
+    into segments: one partial per row block and chunk (24 or 42), folded 32 at a time."""
     device = _device(device)
+    monkeypatch.setattr(kmoments, "FOLD_BLOCK", 32)
     r, v, boot, mask = _rollout(7, 23, F32, device, seed=11)
     with forced_plan(**plan):  # the unwhitened advantages of _check's under the same plan
         adv, _ = _gae(r, v, boot, mask, mode, dict(eps_mode="std"))
@@ -204,21 +208,41 @@ def test_gae_whiten_extreme_magnitudes(device, mode, options):
 @pytest.mark.parametrize("mode", MASKS)
 def test_gae_whiten_where_the_scan_cannot_reduce(device, mode, monkeypatch):
     """Too many tiles for the fold, an ``out=`` with gaps and one that is an input: the plain
-    scan, then masked_whiten, with the same result."""
+    scan, then masked_whiten (three launches: the scan, the partials, their fold and the
+    normalisation), with the same result."""
+    from rl_triton.core import plans
+
     device = _device(device)
     r, v, boot, mask = _rollout(5, 8, F64, device, seed=4)
     options = dict(eps_mode="std")
     want = _gae(r, v, boot, mask, mode, options)[0]
     _check(want, r, v, boot, mask, mode, options, F64)
+    plain = ["scan_kernel", "moments_kernel", "whiten_kernel"]
     monkeypatch.setattr(whitening, "MAX_SCAN_PARTS", 0)
-    torch.testing.assert_close(_gae(r, v, boot, mask, mode, options)[0], want, rtol=1e-12, atol=1e-12)
+    plans.clear()  # the signature's plan accepted the scan under the old limit
+    with _counted_where_interpreted() as names:
+        got = _gae(r, v, boot, mask, mode, options)[0]
+    assert names in (None, plain)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     monkeypatch.undo()
     gaps = torch.zeros(5, 16, dtype=F64, device=device)[:, ::2]
-    _gae(r, v, boot, mask, mode, options, out=(gaps, torch.empty_like(r)))
-    torch.testing.assert_close(gaps, want, rtol=1e-12, atol=1e-12)
     r2 = r.clone()
-    _gae(r2, v, boot, mask, mode, options, out=(r2, torch.empty_like(r)))
-    torch.testing.assert_close(r2, want, rtol=1e-12, atol=1e-12)
+    # advantages with gaps whiten as torch ops (masked_whiten's Triton path takes contiguous ones)
+    for out, launches in (((gaps, torch.empty_like(r)), ["scan_kernel"]), ((r2, torch.empty_like(r)), plain)):
+        with _counted_where_interpreted() as names:
+            _gae(r2, v, boot, mask, mode, options, out=out)
+        assert names in (None, launches)
+        torch.testing.assert_close(out[0], want, rtol=1e-12, atol=1e-12)
+
+
+@contextlib.contextmanager
+def _counted_where_interpreted():
+    """:func:`_counted` in Triton's interpreter; elsewhere nothing is counted (None)."""
+    if not TRITON_INTERPRET_AT_STARTUP:
+        yield None
+        return
+    with _counted() as names:
+        yield names
 
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
@@ -247,3 +271,52 @@ def test_masked_whiten_many_blocks_a_program(device, options, monkeypatch):
     mask[3] = True
     y = rt.masked_whiten(x, mask, backend="triton", **options)
     torch.testing.assert_close(y.cpu(), _oracle_whitened(x, mask, options, F64), equal_nan=True)
+
+
+# -- repeated calls (the replays fixture: graph replays with tests/test_graphs.py's stand-in capture)
+
+
+@pytest.mark.parametrize("mode", MASKS)
+def test_repeated_whitened_calls_replay_and_read_new_values(replays, mode):
+    """rsl_rl's repeated call (the same tensors, new values, ``out=``): the first call builds the
+    plan, the second runs its hit path, the third is captured and replayed, later ones replay;
+    each result the oracle's."""
+    require_backend("triton")
+    r, v, boot, mask = _rollout(5, 9, F64, "cpu", seed=1)
+    out = (torch.empty_like(r), torch.empty_like(r))
+    options = dict(eps_mode="std")
+    for i in range(5):
+        fresh = _rollout(5, 9, F64, "cpu", seed=20 + i)
+        r.copy_(fresh[0])
+        if mask is not None:
+            mask.copy_(fresh[3])
+        got = _gae(r, v, boot, mask, mode, options, out=out)
+        assert got[0] is out[0] and got[1] is out[1]
+        _check(out[0], r, v, boot, mask, mode, options, F64)
+    assert replays == ["capture", "replay", "replay", "replay"]
+
+
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA without the interpreter")
+@pytest.mark.parametrize("mode", MASKS)
+@pytest.mark.parametrize("shape", [(4096, 24), (4, 20000)])  # rsl_rl's rows; a time split (a workspace)
+def test_a_real_graph_of_a_whitened_call_on_a_gpu(monkeypatch, mode, shape):
+    """On a GPU: the graph captured on a whitened call's second occurrence (scan with partials,
+    their fold and the normalisation, the partials' buffer in the graph's memory) recomputes the
+    call from the tensors' current values on every replay."""
+    from rl_triton.core import graphs, plans
+
+    monkeypatch.setenv("RL_TRITON_GRAPHS", "1")
+    captured = []
+    capture = graphs.capture
+    monkeypatch.setattr(graphs, "capture", lambda launch, device: captured.append(1) or capture(launch, device))
+    plans.clear()
+    r, v, boot, mask = _rollout(*shape, F32, "cuda", seed=3)
+    out = (torch.empty_like(r), torch.empty_like(r))
+    for i in range(5):
+        fresh = _rollout(*shape, F32, "cuda", seed=50 + i)
+        r.copy_(fresh[0])
+        _gae(r, v, boot, mask, mode, dict(eps_mode="std"), out=out)
+        torch.cuda.synchronize()
+        _check(out[0], r, v, boot, mask, mode, dict(eps_mode="std"), F32)
+    assert captured == [1]
+    plans.clear()

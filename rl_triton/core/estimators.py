@@ -82,10 +82,10 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     c.next_value_form(next_values, bootstrap_value)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     fused = c.start(backend, out, 2)
-    if c.empty:
-        return _whitened(c.empty_outputs(), None, options, None)
     if options is not None:
         _whitening_call(c)
+    if c.empty:
+        return _whitened(c.empty_outputs(), None, options, None)
     if fused:
         bound = c.bind(spec.GAE, rewards=c.view(rewards), values=c.view(values), next_values=c.view(next_values),
                        bootstrap_value=c.row_view(bootstrap_value), **c.fused_flags(), gamma=c.view(g),

@@ -297,12 +297,13 @@ class Plan:
             return None
         plan.reduce = None if reduce is None else (reduce.output, reduce.finish)
         plan.pointers = launch.pointer_launches(backend)
-        plan.hit = None  # the generated hit path (``_generate``), after a first launch
-        # a reducing launch runs through ``execute`` (which allocates the partials and finishes)
+        # the hit path, after a first launch: generated (``_generate``), or for a reducing
+        # launch ``_reducing_hit`` (which allocates the partials and finishes)
+        plan.hit = None
         plan.can_generate = (plan.pointers or backend == "cpu") and reduce is None
         plan.algo = algo.name
         plan.device = rows.device
-        plan.graphable = graphs.eligible(plan) and reduce is None
+        plan.graphable = graphs.eligible(plan)
         # numba reads numpy arrays: the sources its arguments come from are converted once each
         # (numpy has no bfloat16; tensors that require grad stay tensors, detached by the backend)
         plan.arrays = [k for k in sorted({slot[1] for slot in slots}) if sources[k][1].dtype != torch.bfloat16
@@ -463,14 +464,28 @@ class Plan:
         """Launch on views of the caller's tensors (numpy arrays for numba)."""
         self.launch.launch(*self.kernel_views(sources, outs, views))
 
-    def _reducing(self, sources, outs, views):
-        """The launch that reduces an output into partial moments (``Reduce``), then its finish."""
+    def _reducing(self, sources, outs, views, direct_only=False):
+        """The launch that reduces an output into partial moments (``Reduce``), then its finish;
+        ``direct_only``: None, nothing launched, where the launch from data pointers cannot run."""
         output, finish = self.reduce
         parts = torch.empty(self.launch.tiles, 3, dtype=torch.float64, device=self.device)
         if not (self.pointers and self.launch.launch_direct(self.data_pointers(sources, outs), parts.data_ptr())):
+            if direct_only:
+                return None
             self.launch.launch(*self.kernel_views(sources, outs, views), parts)
         finish(outs, parts)
+        if self.hit is None:
+            self.hit = self._reducing_hit
         return outs[0] if self.single else tuple(outs)
+
+    def _reducing_hit(self, args, kwargs):
+        """A reducing plan's hit path (``hit(args, kwargs)`` as ``_generate``'s): ``execute``'s
+        steps, from data pointers alone where the launch takes them; None where ``execute``
+        must serve the call."""
+        values = dict(zip(self.positional, args))
+        values.update(kwargs)
+        prepared = self.prepare(values)
+        return None if prepared is None else self._reducing(*prepared, direct_only=self.pointers)
 
     def kernel_views(self, sources, outs, views):
         """The kernel's arguments and output views on the caller's tensors (numpy arrays for

@@ -5,8 +5,10 @@ Every path forms the statistics ``(n, mean, M2)`` in float64 and the output ``(x
 in float64, then rounded to ``x``'s dtype (float32 only on MPS, which has no float64), so the
 backends and layouts differ only in the order of float64 sums. Torch ops on any device (two
 reductions for the statistics, one elementwise pass for the output, and with a group one
-collective in between); on the Triton backend three kernel passes
-(rl_triton/core/kernels/moments.py); on the numba backend the statistics are one kernel
+collective in between); on the Triton backend two launches (partials, then their fold and the
+output in one; rl_triton/core/kernels/moments.py), the first of them a scan's own launch where
+``gae(whiten=...)`` reduces its advantages as it writes them (:func:`scan_whitened`); on the
+numba backend the statistics are one kernel
 (rl_triton/core/cpu.py, ``masked_moments``) and the output another (``whiten_apply``), or
 both one (``whiten_all``) without a mask. No host synchronisation anywhere (no
 ``.item()``, no branch on a tensor value), so an empty or one-element selection gives NaN
@@ -130,8 +132,9 @@ def masked_whiten(x, mask=None, *, unbiased=True, shift_mean=True, scale=True, e
     ``mask``: bool, integer or float, ``x``'s shape and device; nonzero marks a valid element
     (weights are not applied). ``out``: ``x``'s shape, dtype and device; may be ``x`` itself.
     Differentiable without ``out`` and ``group``. ``backend`` as for the estimators: on the Triton
-    backend, without a group or gradients, contiguous tensors take three kernel passes (block
-    partials ``(n, mean, M2)``, their fold, the normalisation); on the numba backend (CPU, no
+    backend, without a group or gradients, contiguous tensors take two launches (partials
+    ``(n, mean, M2)`` of blocks of elements, then the fold of all partials by every program and
+    the normalisation of its blocks); on the numba backend (CPU, no
     gradients) the statistics are one kernel (each row's ``(n, mean, M2)``, folded by Chan et
     al.'s formula) and the normalisation another, and without a mask (``x`` and ``out`` dense in
     one memory order, no group) statistics and output are one kernel; elsewhere torch ops.
@@ -282,11 +285,13 @@ def normalize(x, y, parts, unbiased, shift_mean, scale, eps, eps_mode):
     flat, out = x.view(-1), y.view(-1)
     n, P = flat.numel(), parts.shape[0]
     G = max(1, min(-(-n // k.BLOCK), k.MAX_PROGRAMS))
+    # the partials a program reads at a time: a power of two from 32 (fewer registers for few)
+    fold_block = min(k.FOLD_BLOCK, 1 << max(5, (P - 1).bit_length()))
     ptrs = [t.data_ptr() for t in (flat, out, parts)]
     key = ("whiten", x.dtype, unbiased, scale, eps_mode, shift_mean, tuple(p % 16 == 0 for p in ptrs), n % 16 == 0,
-           n == 1, n >= 1 << 31, P % 16 == 0, P == 1, x.device)
+           n == 1, n >= 1 << 31, P % 16 == 0, P == 1, fold_block, x.device)
     _launch(key, k.whiten_kernel, (G,), (flat, out, parts, n, P, *_float32_pair(eps)),
-            (unbiased, scale, eps_mode == "clamp", eps_mode == "std", not shift_mean, k.FOLD_BLOCK, k.BLOCK))
+            (unbiased, scale, eps_mode == "clamp", eps_mode == "std", not shift_mean, fold_block, k.BLOCK))
 
 
 def _launch(key, kernel, grid, args, constexprs):
@@ -368,6 +373,7 @@ def _dense_flat(x: torch.Tensor) -> torch.Tensor | None:
     return permuted.view(-1) if permuted.is_contiguous() else None
 
 
+@functools.lru_cache(maxsize=64)  # a training loop passes one eps
 def _float32_pair(value: float) -> tuple[float, float]:
     """``(hi, lo)``: ``value`` rounded to float32 and the rest rounded to float32, whose float64
     sum is ``value`` to 48 bits for values of 1e-30 or more (a kernel argument reaches Triton as

@@ -59,8 +59,6 @@ own recurrence, x[t] = a1 + b1*x[t-1], and y[t] = a2 + c*x[t-1] + b2*y[t-1], whi
 import triton
 import triton.language as tl
 
-from .moments import tile_moments
-
 
 @triton.jit
 def _step(a, b, y):
@@ -253,15 +251,30 @@ def _fold_pairs(fold, rows, rmask, own_x, own_y, R, REVERSE: tl.constexpr, ACC: 
 
 
 @triton.jit
+def moments_of(v, valid):
+    """(n, mean, M2) of the float64 values ``v`` where ``valid`` (a tile of any rank): mean 0
+    where n = 0, M2 the sum of squared deviations about the tile's own mean, from registers."""
+    n = tl.sum(valid.to(tl.float64))
+    mean = tl.sum(tl.where(valid, v, 0.0)) / tl.maximum(n, 1.0)
+    d = tl.where(valid, v - mean, 0.0)
+    return n, mean, tl.sum(d * d)
+
+
+@triton.jit
 def _reduce_output(moments, tile, rows, t, mask):
-    """The tile's partial moments of the output ``moments[1]`` (module docstring)."""
+    """The tile's partial moments of the output ``moments[1]`` into ``parts[tile]`` (module
+    docstring)."""
     tl.debug_barrier()  # the tile's stores, by whichever threads, before it is read back
     v = load(moments[1], rows, t, mask, tl.float64)
     if moments[2] is None:
         valid = mask
     else:
         valid = mask & load_flag(moments[2], rows, t, mask)
-    tile_moments(moments[0], tile, v, valid)
+    n, mean, m2 = moments_of(v, valid)
+    at = moments[0] + 3 * tile.to(tl.int64)
+    tl.store(at, n)
+    tl.store(at + 1, mean)
+    tl.store(at + 2, m2)
 
 
 

@@ -2,17 +2,19 @@
 the elements to at most ``MAX_PARTS`` partials ``(n, mean, M2)`` (each program its blocks,
 combined by Chan et al.'s formula), and ``whiten_kernel`` has every program fold all partials
 into the mean and the scale (redundantly: a few kilobytes each) and normalise its own blocks.
-The partials may also come from elsewhere: a scan that reduces its output tile by tile as it
-writes it (``tile_moments``, called by rl_triton/core/kernels/engine.py) leaves them in the
-same ``[P, 3]`` layout. Everything in float64 whatever the data's dtype (float32 data of order
+The partials may also come from a scan that reduces an output tile by tile as it writes it
+(the engine's ``moments``, rl_triton/core/kernels/engine.py, whose ``moments_of`` both use),
+in the same ``[P, 3]`` layout. Everything in float64 whatever the data's dtype (float32 data of order
 1e20 has squared deviations past the float32 range), the output rounded once to its dtype. Not
 a scan: ``rl_triton/core/whiten.py`` is its caller."""
 
 import triton
 import triton.language as tl
 
+from .engine import moments_of
+
 BLOCK = 4096  # elements a program reduces or normalises at a time
-FOLD_BLOCK = 1024  # partials a program reads at a time
+FOLD_BLOCK = 1024  # partials a program reads at a time, at most
 MAX_PARTS = 512  # partials moments_kernel leaves at most (programs, each reducing every MAX_PARTS-th block)
 MAX_PROGRAMS = 1024  # programs of whiten_kernel at most (each normalising every MAX_PROGRAMS-th block)
 
@@ -27,17 +29,7 @@ def _block_moments(x, m, offs, N, HAS_MASK: tl.constexpr):
         valid = inside & (tl.load(m + offs, mask=inside, other=0) != 0)
     else:
         valid = inside
-    return _moments(v, valid)
-
-
-@triton.jit
-def _moments(v, valid):
-    """(n, mean, M2) of the float64 values ``v`` where ``valid`` (a tile of any rank): mean 0
-    where n = 0, M2 about the tile's own mean."""
-    n = tl.sum(valid.to(tl.float64))
-    mean = tl.sum(tl.where(valid, v, 0.0)) / tl.maximum(n, 1.0)
-    d = tl.where(valid, v - mean, 0.0)
-    return n, mean, tl.sum(d * d)
+    return moments_of(v, valid)
 
 
 @triton.jit
@@ -69,16 +61,6 @@ def moments_kernel(x, m, parts, N, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(parts + 3 * p, n)
     tl.store(parts + 3 * p + 1, mean)
     tl.store(parts + 3 * p + 2, m2)
-
-
-@triton.jit
-def tile_moments(parts, tile, v, valid):
-    """parts[tile] = (n, mean, M2) of the float64 tile ``v`` where ``valid``."""
-    n, mean, m2 = _moments(v, valid)
-    at = parts + 3 * tile.to(tl.int64)
-    tl.store(at, n)
-    tl.store(at + 1, mean)
-    tl.store(at + 2, m2)
 
 
 @triton.jit
