@@ -14,9 +14,10 @@ spans (tool output), a score on each response's last token plus small per-token 
   ``compute_grpo_outcome_advantage`` loop;
 - the verl drop-in's ``compute_gae_advantage_return`` (what the patched trainer calls, a float
   mask as verl passes it) against verl's function (``--verl BxL``);
-- GAE with KL shaping inside the scan (``gae(..., kl=dict(...))``) against the same GAE alone,
-  per mask mode and estimator (``--kl BxL``): device time on CUDA, wall time on CPU, the first
-  rows checked against the float64 oracle (a mismatch ends the run).
+- GAE with KL shaping inside the scan (``gae(..., kl=dict(...))``) against the same GAE alone
+  and against two passes (the rewards shaped by torch ops, then GAE), per mask mode and
+  estimator (``--kl BxL``): device time on CUDA, wall time on CPU, the first rows checked
+  against the float64 oracle (a mismatch ends the run).
 
     python benchmarks/token_level.py                       # CPU (numba), 256x4096 and smaller
     python benchmarks/token_level.py --device cuda         # the H200 shapes
@@ -221,13 +222,14 @@ KL_COEF = 0.05
 
 def kl_rows(shapes, dtypes, device, rounds):
     """GAE with KL shaping against GAE alone, per mask mode and estimator."""
+    from rl_triton.core.estimators import kl_estimate
     from rl_triton.testing import oracle
 
     print(f"\nGAE with KL shaping in the scan against GAE alone (coef {KL_COEF}); "
           + ("device us (CUDA-graph replay)" if device == "cuda" else f"ms per call, median of {rounds} rounds"))
-    print("| B x L | dtype | mask mode | estimator | GAE alone | GAE with KL | ratio |"
+    print("| B x L | dtype | mask mode | estimator | GAE alone | GAE with KL | ratio | two passes | ratio |"
           + (" copy floor alone us | copy floor with KL us | floor ratio |" if device == "cuda" else ""))
-    print("|---|---|---|---|---|---|---|" + ("---|---|---|" if device == "cuda" else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if device == "cuda" else ""))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for B, L in shapes:
         for dtype in dtypes:
@@ -245,6 +247,11 @@ def kl_rows(shapes, dtypes, device, rounds):
 
                     def shaped():
                         return rt.gae(r, v, gamma=GAMMA, lmbda=LAM, kl=kl, **masked)
+
+                    def two_passes():  # the rewards shaped by torch ops first, as the frameworks do
+                        estimate = kl_estimate(lp.float(), ref.float(), estimator, None)
+                        return rt.gae((r.float() - KL_COEF * estimate).to(r.dtype), v, gamma=GAMMA, lmbda=LAM,
+                                      **masked)
                     rows = slice(0, 4)  # rows are independent: the first few against the oracle
                     f64 = [x[rows].double().cpu().numpy() for x in (r, v, lp, ref)]
                     shaped_rewards = oracle.kl_shaped_rewards(f64[0], f64[2], f64[3], KL_COEF, estimator)
@@ -262,7 +269,7 @@ def kl_rows(shapes, dtypes, device, rounds):
                             raise SystemExit(f"KL-shaped GAE ({mode}, {estimator}, {dtype}) does not match the "
                                              f"oracle: relative error {err:.1e} > {tol:.0e}")
                     if device == "cuda":
-                        a, b = device_us(alone), device_us(shaped)
+                        a, b, c = device_us(alone), device_us(shaped), device_us(two_passes)
                         # the minimal bytes: rewards, values (and the mask) read and two outputs written
                         # once, and with KL the two log-prob tensors read too
                         floors = []
@@ -271,13 +278,13 @@ def kl_rows(shapes, dtypes, device, rounds):
                             src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
                             dst = torch.empty_like(src)
                             floors.append(device_us(lambda: dst.copy_(src)))
-                        cells = (f"{a:.1f} | {b:.1f} | {b / a:.3f}x | {floors[0]:.1f} | {floors[1]:.1f} | "
-                                 f"{floors[1] / floors[0]:.3f}x")
+                        cells = (f"{a:.1f} | {b:.1f} | {b / a:.3f}x | {c:.1f} | {c / a:.3f}x | {floors[0]:.1f} | "
+                                 f"{floors[1]:.1f} | {floors[1] / floors[0]:.3f}x")
                     else:
-                        t = alternate({"alone": lambda: (alone(), sync()), "kl": lambda: (shaped(), sync())},
-                                      rounds=rounds, batch_s=0.05)
-                        a, b = statistics.median(t["alone"]) * 1e3, statistics.median(t["kl"]) * 1e3
-                        cells = f"{a:.2f} | {b:.2f} | {b / a:.3f}x"
+                        t = alternate({"alone": lambda: (alone(), sync()), "kl": lambda: (shaped(), sync()),
+                                       "two": lambda: (two_passes(), sync())}, rounds=rounds, batch_s=0.05)
+                        a, b, c = (statistics.median(t[k]) * 1e3 for k in ("alone", "kl", "two"))
+                        cells = f"{a:.2f} | {b:.2f} | {b / a:.3f}x | {c:.2f} | {c / a:.3f}x"
                     print(f"| {B}x{L} | {str(dtype)[6:]} | {mode or 'none'} | {estimator} | {cells} |", flush=True)
 
 

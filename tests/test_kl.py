@@ -372,3 +372,16 @@ def test_openrlhf_argument_errors():
         rt_openrlhf.compute_reward_advantages_and_returns(s, 0.1, lp, ref, v, None, 1.0, 0.95)
     with pytest.raises(TypeError, match="kl_coef"):
         rt_openrlhf.compute_reward_advantages_and_returns(s, "0.1", lp, ref, v, m, 1.0, 0.95)
+
+
+def test_torch_compile_fullgraph():
+    """Inside a torch.compile trace the fused call with kl runs as the library's custom op."""
+    r, v, lp, ref, m = _problem(3, 9, torch.float32, seed=16)
+
+    def f(r, v, m, lp, ref):
+        return rt.gae(r, v, mask=m, kl=dict(log_probs=lp, ref_log_probs=ref, coef=0.1, estimator="k3"))
+
+    got = torch.compile(f, fullgraph=True)(r, v, m, lp, ref)
+    want = _two_pass(r, v, lp, ref, 0.1, "k3", None, "torch", mask=m)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

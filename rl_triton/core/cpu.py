@@ -63,6 +63,7 @@ def _bind(numba):
     global nb, prange, _inline, _where, _c_step, _c_gae, _c_masked_gae, _c_td_lambda_return, _c_discounted_return
     global _c_vtrace, _c_vtrace_pg, _c_retrace, _c_arrival_gae, _not, _flags, _clip, _gain, _edge, _masked_step
     global _valid, _next_value, _all_binary, _implies, _nonzero_bytes, _spread_rows, _kl_reward, _kl_numbers
+    global _kl_none, _kl_shaped
     nb, prange = numba, numba.prange
     _inline = nb.njit(inline="always", cache=True)
 
@@ -132,7 +133,8 @@ def _bind(numba):
     @_inline
     def _kl_reward(r, log_prob, ref_log_prob, coef, clamp, kl_mode):
         """r - coef*kl, the KL-shaped reward of one step (docs/semantics.md, section 13.1), for
-        kl_mode other than KL_NONE; NaN stays NaN through every clamp."""
+        kl_mode other than KL_NONE; NaN stays NaN through every clamp. The GAE loops call it as
+        ``_kl_shaped``, which their builds without KL bind to ``_kl_none`` (see _kernel)."""
         d = log_prob * 1.0 - ref_log_prob
         estimator = kl_mode % KL_CLAMPED
         if estimator == 1:
@@ -151,6 +153,14 @@ def _bind(numba):
             kl = clamp if kl > clamp else kl
             kl = -clamp if kl < -clamp else kl
         return r - coef * kl
+
+    @_inline
+    def _kl_none(r, log_prob, ref_log_prob, coef, clamp, kl_mode):
+        """The reward itself: ``_kl_shaped`` in the builds of the GAE loops without KL, where the
+        unused loads of the log-probs then compile away."""
+        return r
+
+    _kl_shaped = _kl_reward
 
     @_inline
     def _kl_numbers(kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode):
@@ -231,8 +241,7 @@ def gae(rewards, values, carry, next_values, bootstrap_value, terminated, done, 
             nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, tn], truncated[i, t], last_done[i], done_mode,
                                   t == T - 1)
             nvt = _next_value(next_values[i, t], values[i, tn], bootstrap_value[i], nv_mode, t == T - 1)
-            r = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(
-                rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
+            r = _kl_shaped(rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
             a, b = _c_gae(r, values[i, t], nvt, nterm, ndone, gamma[i, t] * 1.0, lmbda[i, t])
             acc = _c_step(a, b, acc)
             gain = _gain(gain, b)
@@ -268,8 +277,7 @@ def gae_row_blocks(rewards, values, carry, next_values, bootstrap_value, termina
                 nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, tn], truncated[i, t], last_done[i],
                                       done_mode, end)
                 nvt = _next_value(next_values[i, t], values[i, tn], bootstrap_value[i], nv_mode, end)
-                r = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(
-                    rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
+                r = _kl_shaped(rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
                 a, b = _c_gae(r, values[i, t], nvt, nterm, ndone, gamma[i, t] * 1.0, lmbda[i, t])
                 x = _c_step(a, b, acc[i - lo])
                 acc[i - lo] = x
@@ -397,8 +405,7 @@ def masked_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, log_
             m = mask[i, t] != 0
             v = values[i, t] * 1.0
             g = gamma[i, t] * 1.0
-            r = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(
-                rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
+            r = _kl_shaped(rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
             a, b = _c_masked_gae(r, v, nxt, 1.0 if m else 0.0, g, lmbda[i, t])
             if m:
                 nxt = v
@@ -435,10 +442,8 @@ def masked_gae_pairs(rewards, values, mask, bootstrap_value, carry, gamma, lmbda
         for t in range(T - 1, -1, -1):
             g_i, l_i = (g0, l0) if fixed else (gamma[i, t] * 1.0, lmbda[i, t] * 1.0)
             g_k, l_k = (g0, l0) if fixed else (gamma[k, t] * 1.0, lmbda[k, t] * 1.0)
-            r_i = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(
-                rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
-            r_k = rewards[k, t] if kl_mode == KL_NONE else _kl_reward(
-                rewards[k, t], log_probs[k, t], ref_log_probs[k, t], kl_coef, clamp, kl_mode)
+            r_i = _kl_shaped(rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
+            r_k = _kl_shaped(rewards[k, t], log_probs[k, t], ref_log_probs[k, t], kl_coef, clamp, kl_mode)
             v_i, acc_i, nxt_i = _masked_step(r_i, values[i, t], mask[i, t], g_i, l_i, acc_i, nxt_i)
             v_k, acc_k, nxt_k = _masked_step(r_k, values[k, t], mask[k, t], g_k, l_k, acc_k, nxt_k)
             advantages[i, t] = acc_i
@@ -461,12 +466,8 @@ def padded_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, log_
         for t in range(T - 1, -1, -1):
             m = mask[i, t] != 0
             v = values[i, t] * 1.0 if m else 0.0
-            if not m:
-                r = 0.0
-            elif kl_mode == KL_NONE:
-                r = rewards[i, t]
-            else:
-                r = _kl_reward(rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
+            r = 0.0 if not m else _kl_shaped(rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp,
+                                             kl_mode)
             a, b = _c_gae(r, v, nxt, 1.0, 1.0, gamma[i, t] * 1.0, lmbda[i, t])
             nxt = v
             acc = _c_step(a, b, acc)
@@ -731,9 +732,12 @@ REASSOCIATE = frozenset(("masked_moments", "whiten_all", "whiten_output"))
 IEEE = frozenset(("whiten_all", "whiten_output"))
 
 
-def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
-    """``fn`` compiled for arguments of ``arg_kinds`` (spec kinds, ``o2`` outputs) in float ``dtype``."""
-    key = (fn.__name__, dtype, parallel, tuple(arg_kinds))
+def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool, kl: bool = True):
+    """``fn`` compiled for arguments of ``arg_kinds`` (spec kinds, ``o2`` outputs) in float ``dtype``;
+    with ``kl`` False, a GAE loop's build without KL shaping (``_kl_shaped`` bound to ``_kl_none``:
+    no branch on kl_mode per step)."""
+    kl = kl or "_kl_shaped" not in fn.__code__.co_names
+    key = (fn.__name__, dtype, parallel, tuple(arg_kinds), kl)
     if key not in _compiled:
         if not available():
             raise RuntimeError("the numba backend needs numba: pip install -e '.[cpu]'")
@@ -755,17 +759,20 @@ def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool):
         }
         sig = nb.types.void(*(types[k] for k in arg_kinds))
         fastmath = {"reassoc", "contract"} if fn.__name__ in REASSOCIATE else False
+        build = fn if kl else _renamed(fn, "_nokl", _kl_shaped=_kl_none)
         _compiled[key] = nb.njit(sig, parallel=parallel, cache=True, nogil=True, fastmath=fastmath,
                                  error_model="numpy" if fn.__name__ in IEEE else "python")(
-            _renamed(fn, "_parallel") if parallel else fn)
+            _renamed(build, "_parallel") if parallel else build)
     return _compiled[key]
 
 
-def _renamed(fn, suffix: str):
-    """``fn`` under another name. numba's on-disk cache keys a build by function name and
-    signature, not by compile flags, so without this the serial and the parallel build of one
-    kernel share an entry and whichever was compiled first is loaded for both."""
-    copy = pytypes.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + suffix, fn.__defaults__, fn.__closure__)
+def _renamed(fn, suffix: str, **bound):
+    """``fn`` under another name (and with the globals ``bound`` replaced). numba's on-disk cache
+    keys a build by function name and signature, not by compile flags, so without this the serial
+    and the parallel build of one kernel share an entry and whichever was compiled first is loaded
+    for both."""
+    scope = {**fn.__globals__, **bound} if bound else fn.__globals__
+    copy = pytypes.FunctionType(fn.__code__, scope, fn.__name__ + suffix, fn.__defaults__, fn.__closure__)
     copy.__qualname__ = fn.__qualname__ + suffix
     return copy
 
@@ -1031,7 +1038,8 @@ class Launch:
                 self.fixed.append(_adapt(kind, x, rows, steps, dtype))
         self.parallel = rows > 1 and rows * steps >= PARALLEL_MIN_ELEMENTS
         self.has_edge = has_edge
-        self.kernel = _kernel(fn, (*kinds, *(out_kind,) * len(outs), *("e",) * has_edge), np_dtype, self.parallel)
+        self.kernel = _kernel(fn, (*kinds, *(out_kind,) * len(outs), *("e",) * has_edge), np_dtype, self.parallel,
+                              kl=getattr(args, "kl_mode", KL_NONE) != KL_NONE)
 
     def launch(self, args, outs, edge=None) -> None:
         converted = self.fixed.copy()
