@@ -122,16 +122,19 @@ def test_plan_follows_the_strides(monkeypatch):
 
 
 def test_time_major_plan_shapes():
-    """WALK: 32 rows a warp, up to 8 warps while the rows fill four times the multiprocessors'
-    programs, chunks of 16 steps, time split where the rows' programs are too few, into no more
-    segments than leave 64 maps a thread. Natural lanes: one warp of 128 rows (float32; 64 in
-    float64), chunks of 8 steps."""
+    """WALK: 32 rows a warp, up to 8 warps a program while the programs stay twice the
+    multiprocessors, chunks of 16 steps, time split where the warps are fewer than four times
+    the multiprocessors, into no more segments than leave 64 maps a thread. Natural lanes: one
+    warp of 128 rows (float32; 64 in float64), chunks of 8 steps."""
     cpu = torch.device("cpu")  # 4 multiprocessors stand in (kernels._multiprocessors)
     block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(65536, 128, False, cpu)
     assert walk == 2 and (block_r, block_t, n_seg, num_warps) == (256, 16, 1, 8)
     block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(8, 2048, False, cpu)
     assert block_r == 8 and num_warps == 1 and n_seg == 16 and n_seg * seg_chunks * block_t >= 2048
-    with kernels.forced_plan(programs=4096):
+    assert kernels.time_major_plan(256, 1024, False, cpu)[:3] == (32, 16, 2)  # 8 warps of 16: split in 2
+    block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(512, 1024, False, cpu)
+    assert (block_r, n_seg, num_warps) == (64, 1, 2)  # 8 programs of 2 warps: no split
+    with kernels.forced_plan(warps=4096):
         assert kernels.time_major_plan(32, 1 << 20, False, cpu)[2] == 64  # 64 maps a thread: 32 x 64 in a warp
     with kernels.forced_plan(walk=0):
         block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(65536, 128, False, cpu)

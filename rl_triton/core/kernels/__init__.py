@@ -53,10 +53,10 @@ _forced: dict = {}
 def forced_plan(**plan):
     """Force launch parameters (block_t, block_r, n_seg, num_warps; prev_mem: whether an epilogue
     that reads y one step back reads it from its outputs, in one segment only; time_major: plan
-    with :func:`time_major_plan` whatever the strides; walk: the engine's WALK regime, one step
-    at a time, 1 or 2 passes a chunk, 0 for none; vec: the lanes of one mirrored run, 0 for natural lanes; programs: the programs
-    the time-major plan splits time to reach) so tests reach every
-    regime at small sizes and sweeps time each; meanwhile every call takes the full path
+    with :func:`time_major_plan` whatever the strides; walk: the engine's WALK regime, 1 or 2
+    passes a chunk, 0 for none; vec: the lanes of one mirrored run, 0 for natural lanes; warps:
+    the warps the time-major plan splits time to reach) so tests reach every regime at small
+    sizes and sweeps time each; meanwhile every call takes the full path
     (``launch.plan_forced``: no call plan, which would keep its own launch)."""
     _forced.update(plan)
     try:
@@ -130,21 +130,22 @@ def time_major_plan(R: int, T: int, float64: bool, device: torch.device):
     lanes, so that each step reads ``BLOCK_R`` neighbouring values.
 
     By default the engine's WALK regime (``_walk``), two passes a chunk (``WALK = 2``; forced
-    ``walk=1``: one): one step at a time, chunks of 16 steps (8 in float64), 32 rows a warp, and
-    as many rows a program (up to 256, in 8 warps) as still fill the target of programs, four
-    times the multiprocessors. Forced ``walk=0``: the engine's scan across the lanes of tiles of
-    one warp, a 16-byte load for each of 32 threads along the rows (128 rows in float32, 64 in
-    float64), chunks of 8 steps: Triton lays the rows out fastest across the threads and scans
-    each row's steps within a thread and across the few threads that share the row; its target
-    is twice the multiprocessors. Forced ``programs`` sets the target. The time axis splits into
-    segments where the rows' programs fall short of the target (the two-state scan's too, which
-    the batch-major plan keeps whole), into no more than leave 64 maps a thread to fold in
-    phase 2."""
+    ``walk=1``: one): one step at a time, chunks of 16 steps (8 in float64), 32 rows a warp, as
+    many rows a program (up to 256, in 8 warps) as leave twice the multiprocessors' programs;
+    the time axis splits into segments where the rows' warps are fewer than four times the
+    multiprocessors. Forced ``walk=0``: the engine's scan across the lanes of tiles of one warp,
+    a 16-byte load for each of 32 threads along the rows (128 rows in float32, 64 in float64),
+    chunks of 8 steps (Triton lays the rows out fastest across the threads and scans each row's
+    steps within a thread and across the few threads that share the row); time splits where the
+    warps are fewer than twice the multiprocessors. Forced ``warps`` sets that target. The
+    two-state scan splits too (the batch-major plan keeps its rows whole), and no split leaves
+    more than 64 maps a thread to fold in phase 2."""
     walk = int(_forced.get("walk", 2))
-    target = _forced.get("programs") or (4 if walk else 2) * _multiprocessors(device)
+    sms = _multiprocessors(device)
+    target = _forced.get("warps") or (4 if walk else 2) * sms
     if walk:
         block_t = _forced.get("block_t") or min(_pow2(T), 8 if float64 else 16)
-        block_r = _forced.get("block_r") or min(_pow2(R), max(32, min(256, _pow2(_cdiv(R, target)))))
+        block_r = _forced.get("block_r") or min(_pow2(R), max(32, min(256, _pow2(_cdiv(R, 2 * sms)))))
         num_warps = _forced.get("num_warps") or max(1, min(8, block_r // 32))
     else:
         rows_per_warp = 32 * (2 if float64 else 4)  # a 16-byte load per thread
@@ -153,11 +154,11 @@ def time_major_plan(R: int, T: int, float64: bool, device: torch.device):
         # one warp: more would lie along time where flags load 16 rows a thread (scans across warps)
         num_warps = _forced.get("num_warps") or 1
         block_t = max(block_t, 32 * num_warps // block_r)  # the scan lowering: an element per thread at least
-    row_programs = _cdiv(R, block_r)
+    warps = _cdiv(R, block_r) * num_warps
     n_seg = _forced.get("n_seg") or 1
-    if "n_seg" not in _forced and row_programs < target and T >= 4 * block_t:
+    if "n_seg" not in _forced and warps < target and T >= 4 * block_t:
         # phase 2 folds the segments' maps in a [BLOCK_R, SEG_BLOCK] tile: 64 numbers a thread at most
-        n_seg = min(_cdiv(target, row_programs), _cdiv(T, block_t), 64 * 32 * num_warps // block_r)
+        n_seg = min(_cdiv(target, warps), _cdiv(T, block_t), 64 * 32 * num_warps // block_r)
     seg_chunks = _cdiv(_cdiv(T, block_t), n_seg)
     n_seg = _cdiv(_cdiv(T, block_t), seg_chunks)
     seg_block = max(_pow2(n_seg), 32 * num_warps // block_r)
