@@ -21,7 +21,6 @@ T, N = 7, 5
 PLANS = {
     "planned": {},
     "walk, chunked carry, split time": dict(block_t=2, block_r=2, n_seg=2),
-    "walk in one pass, chunked carry": dict(walk=1, block_t=2, block_r=4),
     "lanes, split time": dict(walk=0, block_t=4, block_r=4, n_seg=2),
 }
 
@@ -54,6 +53,13 @@ def test_time_major_regime_matches_oracle(algo, plan):
 def test_time_major_float32(algo, plan):
     """float32 accumulation, chunks with a partial last one."""
     _check(_problem(algo, seed=5, dtype=torch.float32, shape=(21, 6)), plan, tol=1e-5)
+
+
+@pytest.mark.parametrize("algo", ["gae", "vtrace_implied"])
+def test_int64_indices_time_major(algo, monkeypatch):
+    """The 64-bit index path of the WALK regime, over chunks and segments."""
+    monkeypatch.setattr(kernels, "_INT32_LIMIT", 0)
+    _check(_problem(algo, seed=9), PLANS["walk, chunked carry, split time"])
 
 
 @pytest.mark.parametrize("algo, layout", [("gae", "channel slice"), ("vtrace_implied", "rows apart"),
