@@ -17,14 +17,26 @@ row that errs or disagrees is marked FAILS and the script exits with status 1.
     python benchmarks/dropin_overhead.py                      # every framework, 16 x 64
     python benchmarks/dropin_overhead.py --shape 8x64 --only skrl,rl_games
     python benchmarks/dropin_overhead.py --threads 1          # a CPU shared with other work
+    python benchmarks/dropin_overhead.py --device cuda --shape 24x4096 --peers-dir PEERS
+
+On CUDA (``--device cuda``) the columns are what a training loop sees: the full call (CUDA events
+around one call after a synchronize, the median of ``--calls`` calls in each round, rounds
+alternating), the same calls back to back (one synchronize at the end, per call), and beside the
+drop-in a CUDA graph of one drop-in call replayed, full and back to back: the floor of the same
+kernels without their Python. ``--peers-dir`` adds two rows whose framework side is a GPU peer:
+rl_games' own Triton GAE from its main branch (``rl_games_master/gae_kernel.py``, unreleased)
+and PufferLib 3.0.0's CUDA advantage op (``pufferlib_ext/``, built on first use). Rows whose
+framework's call reads NumPy arrays (SB3, RLlib's connector) are CPU rows and skipped there.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import sys
+import time
 import types
-from typing import Callable, Dict, NamedTuple
+from typing import Callable, Dict, List, NamedTuple
 
 import numpy as np
 import torch
@@ -36,6 +48,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import alternate, machine, parser, ratios, set_threads, spread  # noqa: E402
 
 GAMMA, LAM = 0.99, 0.95
+DEVICE = torch.device("cpu")
+PEERS: dict = {}  # "rl_games" -> rl_games main's compute_gae, "pufferlib" -> PufferLib's op (--peers-dir)
 
 
 class Row(NamedTuple):
@@ -66,16 +80,22 @@ def _version(name: str) -> str:
 
 
 def _data(seed=0):
-    """(a seeded generator, randn(*shape), flags(*shape, p): true with probability p) on it."""
+    """(a seeded CPU generator, randn(*shape), flags(*shape, p): true with probability p), the
+    tensors drawn on the CPU and placed on ``DEVICE``."""
     g = torch.Generator().manual_seed(seed)
 
     def randn(*shape):
-        return torch.randn(*shape, generator=g)
+        return torch.randn(*shape, generator=g).to(DEVICE)
 
     def flags(*shape, p=0.05):
-        return torch.rand(*shape, generator=g) < p
+        return (torch.rand(*shape, generator=g) < p).to(DEVICE)
 
     return g, randn, flags
+
+
+def _cpu_only(name: str):
+    if DEVICE.type != "cpu":
+        raise Skip(f"{name}'s call reads NumPy arrays: a CPU row")
 
 
 def rl_games(T, N):
@@ -88,7 +108,8 @@ def rl_games(T, N):
         theirs, source = sim_frameworks.rl_games_discount_values, "rl-games 1.6.5 transcribed"
     _, randn, flags = _data()
     done = flags(T, N).float()
-    args = (done[-1], randn(N, 1), torch.cat([torch.ones(1, N), done[:-1]]), randn(T, N, 1), randn(T, N, 1))
+    args = (done[-1], randn(N, 1), torch.cat([torch.ones(1, N, device=DEVICE), done[:-1]]), randn(T, N, 1),
+            randn(T, N, 1))
     agent = types.SimpleNamespace(horizon_length=T, gamma=GAMMA, tau=LAM)
     return Row(lambda: (theirs(agent, *args),), lambda: (rt_rl_games.discount_values(agent, *args),), source)
 
@@ -104,7 +125,8 @@ def rl_games_masks(T, N):
     _, randn, flags = _data()
     done = flags(T, N).float()
     masks = (~flags(T, N, p=0.1)).float()
-    args = (done[-1], randn(N, 1), torch.cat([torch.ones(1, N), done[:-1]]), randn(T, N, 1), randn(T, N, 1), masks)
+    args = (done[-1], randn(N, 1), torch.cat([torch.ones(1, N, device=DEVICE), done[:-1]]), randn(T, N, 1),
+            randn(T, N, 1), masks)
     agent = types.SimpleNamespace(horizon_length=T, gamma=GAMMA, tau=LAM)
     return Row(lambda: (theirs(agent, *args),), lambda: (rt_rl_games.discount_values_masks(agent, *args),), source)
 
@@ -134,7 +156,7 @@ def rsl_rl(T, N):
     from tensordict import TensorDict
 
     _, randn, flags = _data()
-    obs = TensorDict({"policy": randn(N, 3)}, batch_size=[N])
+    obs = TensorDict({"policy": randn(N, 3)}, batch_size=[N], device=DEVICE)
     groups = {"actor": ["policy"], "critic": ["policy"]}
     rollout = randn(T, N, 1), randn(T, N, 1), flags(T, N, 1).byte()
 
@@ -143,10 +165,11 @@ def rsl_rl(T, N):
         actor = MLPModel(obs, groups, "actor", 2, hidden_dims=[8],
                          distribution_cfg={"class_name": "GaussianDistribution"})
         critic = MLPModel(obs, groups, "critic", 1, hidden_dims=[8])
-        algo = PPO(actor, critic, RolloutStorage("rl", N, T, obs, [2], "cpu"), gamma=GAMMA, lam=LAM)
+        algo = PPO(actor.to(DEVICE), critic.to(DEVICE), RolloutStorage("rl", N, T, obs, [2], str(DEVICE)),
+                   gamma=GAMMA, lam=LAM, device=str(DEVICE))
         st = algo.storage
         st.rewards, st.values, st.dones = (x.clone() for x in rollout)
-        st.returns = torch.zeros(T, N, 1)
+        st.returns = torch.zeros(T, N, 1, device=DEVICE)
         return algo
 
     a, b = ppo(), ppo()
@@ -166,7 +189,7 @@ def pufferlib(T, N):
     _, randn, flags = _data()
     values, rewards, ratio = randn(N, T), randn(N, T), 1 + 0.1 * randn(N, T)
     terminals = flags(N, T).float()
-    adv_theirs, adv_ours = torch.zeros(N, T), torch.zeros(N, T)
+    adv_theirs, adv_ours = torch.zeros(N, T, device=DEVICE), torch.zeros(N, T, device=DEVICE)
     clips = (GAMMA, LAM, 1.0, 1.0)
     return Row(lambda: (frameworks.pufferlib_advantage(values, rewards, terminals, ratio, adv_theirs, *clips),),
                lambda: (rt_puffer.compute_puff_advantage(values, rewards, terminals, ratio, adv_ours, *clips),),
@@ -174,6 +197,7 @@ def pufferlib(T, N):
 
 
 def sb3(T, N):
+    _cpu_only("SB3")
     rt_sb3 = _needs("sb3")
     from gymnasium import spaces
     from stable_baselines3.common.buffers import RolloutBuffer
@@ -225,6 +249,7 @@ def torchrl(T, N):
 
 
 def rllib_value_targets(T, N):
+    _cpu_only("RLlib's connector")
     rt_rllib = _needs("rllib")
     _, randn, flags = _data()
     args = (randn(T * N).numpy(), randn(T * N).numpy(), flags(T * N).numpy(), flags(T * N, p=0.01).numpy(), GAMMA, LAM)
@@ -245,7 +270,7 @@ def rllib_vtrace(T, N):
 def _response_mask(T, N, g):
     """``[N, T]`` masks of LLM responses: each row's first ``length`` tokens valid (at least two)."""
     lengths = torch.randint(2, T + 1, (N, 1), generator=g)
-    return (torch.arange(T) < lengths).float()
+    return (torch.arange(T) < lengths).float().to(DEVICE)
 
 
 def verl(T, N):
@@ -263,7 +288,7 @@ def verl_grpo(T, N):
     g, randn, _ = _data()
     mask = _response_mask(T, N, g)
     rewards = randn(N, T) * mask
-    index = np.array([f"prompt-{i // 4}" for i in range(N)], dtype=object)
+    index = np.array([f"prompt-{i // 4}" for i in range(N)], dtype=object)  # verl's uid strings
     return Row(lambda: (frameworks.verl_grpo(rewards.clone(), mask, index),),
                lambda: rt_verl.compute_grpo_outcome_advantage(rewards, mask, index)[:1], "verl 0.5 transcribed")
 
@@ -301,6 +326,73 @@ def cleanrl(T, N):
                "cleanrl ppo.py transcribed")
 
 
+def _peer(name: str):
+    if name not in PEERS:
+        raise Skip(f"no {name} peer (--peers-dir, CUDA)")
+    return PEERS[name]
+
+
+def rl_games_triton(T, N):
+    """rl_games main's Triton GAE (what its ``discount_values`` calls on CUDA) against the drop-in."""
+    import rl_triton.integrations.rl_games as rt_rl_games
+
+    theirs = _peer("rl_games")
+    _, randn, flags = _data()
+    done = flags(T, N).float()
+    fdones, last_values = done[-1], randn(N, 1)
+    mb_fdones = torch.cat([torch.ones(1, N, device=DEVICE), done[:-1]])
+    values, rewards = randn(T, N, 1), randn(T, N, 1)
+    agent = types.SimpleNamespace(horizon_length=T, gamma=GAMMA, tau=LAM)
+    return Row(lambda: (theirs(rewards, values, mb_fdones, last_values, fdones, GAMMA, LAM),),
+               lambda: (rt_rl_games.discount_values(agent, fdones, last_values, mb_fdones, values, rewards),),
+               "rl_games main (262cf20) Triton")
+
+
+def pufferlib_op(T, N):
+    """PufferLib 3.0.0's CUDA op against the drop-in on the same buffers' copies."""
+    import rl_triton.integrations.pufferlib as rt_puffer
+
+    op = _peer("pufferlib")
+    _, randn, flags = _data()
+    values, rewards, ratio = randn(N, T), randn(N, T), 1 + 0.1 * randn(N, T)
+    terminals = flags(N, T).float()
+    adv_theirs, adv_ours = torch.zeros(N, T, device=DEVICE), torch.zeros(N, T, device=DEVICE)
+    clips = (GAMMA, LAM, 1.0, 1.0)
+
+    def theirs():
+        op(values, rewards, terminals, ratio, adv_theirs, *clips)
+        return (adv_theirs[:, :-1],)  # its last column is never written (PufferLib 3.0.0)
+
+    def ours():
+        rt_puffer.compute_puff_advantage(values, rewards, terminals, ratio, adv_ours, *clips)
+        return (adv_ours[:, :-1],)
+
+    return Row(theirs, ours, "PufferLib 3.0.0 CUDA op")
+
+
+def load_peers(folder: str) -> None:
+    """Fill ``PEERS`` from a peers folder (``rl_games_master/``, ``pufferlib_ext/``); a peer that
+    fails to load is printed and left out."""
+    import importlib.util
+
+    folder = os.path.abspath(folder)
+    try:
+        spec = importlib.util.spec_from_file_location("rl_games_master_gae",
+                                                      os.path.join(folder, "rl_games_master", "gae_kernel.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        PEERS["rl_games"] = module._triton_gae
+    except Exception as e:  # noqa: BLE001 - reported; the row is then skipped
+        print(f"rl_games main peer: absent ({type(e).__name__}: {e})")
+    sys.path.insert(0, folder)
+    try:
+        from pufferlib_ext.build import load_puff_advantage
+
+        PEERS["pufferlib"] = load_puff_advantage()[0]
+    except Exception as e:  # noqa: BLE001
+        print(f"PufferLib op peer: absent ({type(e).__name__}: {e})")
+
+
 # row name -> (the framework's call, the builder)
 ROWS: Dict[str, tuple] = {
     "rl_games": ("A2CBase.discount_values", rl_games),
@@ -317,6 +409,8 @@ ROWS: Dict[str, tuple] = {
     "openrlhf": ("get_advantages_and_returns", openrlhf),
     "trl": ("compute advantages (step 6)", trl),
     "cleanrl": ("the GAE loop of ppo.py", cleanrl),
+    "rl_games_triton": ("rl_games main's Triton compute_gae", rl_games_triton),
+    "pufferlib_op": ("compute_puff_advantage (CUDA op)", pufferlib_op),
 }
 
 
@@ -335,13 +429,71 @@ def largest_difference(theirs: tuple, ours: tuple) -> float:
     return worst
 
 
+def full_call_us(fn: Callable[[], object], calls: int) -> float:
+    """The median over ``calls`` calls of CUDA events around one call after a synchronize (us)."""
+    times = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(1e3 * start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def back_to_back_us(fn: Callable[[], object], calls: int) -> float:
+    """``calls`` calls issued back to back, one synchronize at the end, per call (us)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return 1e6 * (time.perf_counter() - start) / calls
+
+
+def replay_of(fn: Callable[[], object]) -> Callable[[], object]:
+    """A CUDA graph of one call of ``fn`` (captured on a side stream after a warm-up there), as
+    a function that replays it; raises where the call cannot be captured (it synchronises)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        fn()
+    torch.cuda.synchronize()
+    return graph.replay
+
+
+def gpu_alternate(impls: Dict[str, Callable[[], object]], rounds: int, calls: int) -> Dict[str, List[float]]:
+    """Per implementation and round, ``full_call_us`` (seconds); the order rotates per round."""
+    names = list(impls)
+    for fn in impls.values():
+        fn()
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            times[name].append(1e-6 * full_call_us(impls[name], calls))
+    return times
+
+
 def run(names, T: int, N: int, rounds: int = 9, batch_s: float = 0.05, atol: float = 1e-4,
-        timer=alternate, out=print) -> bool:
+        timer=alternate, out=print, calls: int = 30) -> bool:
     """Check and time each row of ``ROWS`` named in ``names``; print the table with ``out``.
     True where every row that could be built ran and agreed. ``timer`` is ``alternate``'s
     signature (``impls``, ``rounds``, ``batch_s``)."""
-    out(f"| framework | call | source | framework's call (us) | drop-in (us) | drop-in / framework | "
-        f"largest difference |\n|---|---|---|---:|---:|---:|---:|")
+    gpu = DEVICE.type == "cuda"
+    if gpu:
+        out("| framework | call | source | framework's call: full (us) | drop-in: full (us) | drop-in / framework "
+            "| replay of the drop-in's kernels: full (us) | drop-in / replay | drop-in back to back (us) "
+            "| replay back to back (us) | largest difference |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    else:
+        out("| framework | call | source | framework's call (us) | drop-in (us) | drop-in / framework | "
+            "largest difference |\n|---|---|---|---:|---:|---:|---:|")
     ok = True
     for name in names:
         call, build = ROWS[name]
@@ -358,11 +510,35 @@ def run(names, T: int, N: int, rounds: int = 9, batch_s: float = 0.05, atol: flo
             continue
         bad = not diff <= atol
         ok &= not bad
+        if gpu:
+            out(_gpu_row(name, call, row, rounds, calls, diff, bad))
+            continue
         times = timer({"theirs": row.theirs, "ours": row.ours}, rounds, batch_s)
         us = [spread([1e6 * t for t in times[k]], "{:.1f}") for k in ("theirs", "ours")]
         out(f"| {name} | {call} | {row.source} | {us[0]} | {us[1]} | "
             f"{spread(ratios(times['ours'], times['theirs']), '{:.2f}', 'x')} | {diff:.1e}{' FAILS' if bad else ''} |")
     return ok
+
+
+def _gpu_row(name, call, row: Row, rounds: int, calls: int, diff: float, bad: bool) -> str:
+    try:
+        replay = replay_of(row.ours)
+    except Exception as e:  # noqa: BLE001 - a call that cannot be captured has no replay column
+        replay, why = None, f"not capturable ({type(e).__name__})"
+    impls = {"theirs": row.theirs, "ours": row.ours}
+    if replay is not None:
+        impls["replay"] = replay
+    times = gpu_alternate(impls, rounds, calls)
+    us = {k: spread([1e6 * t for t in v], "{:.1f}") for k, v in times.items()}
+    b2b = {k: f"{back_to_back_us(fn, 10 * calls):.1f}" for k, fn in impls.items()}
+    vs_theirs = spread(ratios(times["ours"], times["theirs"]), "{:.2f}", "x")
+    if replay is None:
+        replay_cells = f"{why} | | {b2b['ours']} |"
+    else:
+        replay_cells = (f"{us['replay']} | {spread(ratios(times['ours'], times['replay']), '{:.2f}', 'x')} | "
+                        f"{b2b['ours']} | {b2b['replay']}")
+    return (f"| {name} | {call} | {row.source} | {us['theirs']} | {us['ours']} | {vs_theirs} | {replay_cells} | "
+            f"{diff:.1e}{' FAILS' if bad else ''} |")
 
 
 def main(argv=None, timer=alternate) -> int:
@@ -374,18 +550,26 @@ def main(argv=None, timer=alternate) -> int:
     p.add_argument("--rounds", type=int, default=9, help="rounds of alternating timed batches")
     p.add_argument("--batch-s", type=float, default=0.05, help="seconds of back-to-back calls per timed batch")
     p.add_argument("--atol", type=float, default=1e-4, help="largest difference from the framework's outputs")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU columns")
+    p.add_argument("--calls", type=int, default=30, help="CUDA: calls timed one by one per round")
+    p.add_argument("--peers-dir", metavar="DIR", help="CUDA: folder with rl_games_master/ and pufferlib_ext/")
     p.add_argument("--threads", type=int, default=0,
                    help="torch's and numba's CPU threads (0: their defaults); 1 on a machine whose cores are busy")
     a = p.parse_args(argv)
+    global DEVICE
+    DEVICE = torch.device(a.device)
     set_threads(a.threads)
+    if a.peers_dir and DEVICE.type == "cuda":
+        load_peers(a.peers_dir)
     names = a.only.split(",")
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         p.error(f"unknown rows {unknown}; the rows are {', '.join(ROWS)}")
     T, N = (int(x) for x in a.shape.split("x"))
-    print(f"{machine()}; torch {torch.__version__}; {T} x {N} float32, CPU; us per call, median "
+    where = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else "CPU"
+    print(f"{machine()}; torch {torch.__version__}; {T} x {N} float32, {where}; us per call, median "
           f"(lowest-highest) of {a.rounds} rounds")
-    ok = run(names, T, N, a.rounds, a.batch_s, a.atol, timer)
+    ok = run(names, T, N, a.rounds, a.batch_s, a.atol, timer, calls=a.calls)
     if not ok:
         print("FAILED: a drop-in erred or disagreed with its framework's call (--atol) in a row")
     return 0 if ok else 1

@@ -30,6 +30,10 @@ def _calls(rt, torch, R, T, dtype, g):
         return torch.randn(*(shape or (R, T)), generator=g).to(dtype)
 
     r, v, nv, lp, lm = x(), x(), x(), x(), x()
+
+    def tm(a):
+        """``a`` laid out time-major: ``[T, R]``, the rows contiguous."""
+        return a.t().contiguous()
     term = torch.rand(R, T, generator=g) < 0.02
     trunc = torch.rand(R, T, generator=g) < 0.02
     done = term | trunc
@@ -58,6 +62,14 @@ def _calls(rt, torch, R, T, dtype, g):
         "gae_mask_pad": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", **kw),
         "gae_mask_skip_bootstrap": lambda: rt.gae(r, v, mask=~term, bootstrap_value=boot, gamma=0.9, **kw),
         "gae_mask_pad_bootstrap": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", bootstrap_value=boot, **kw),
+        # KL shaping inside the scan (rl_triton.gae's kl=): each estimator's BUILD, a clamp
+        "gae_mask_skip_kl_k3": lambda: rt.gae(r, v, mask=~term, kl=dict(log_probs=lp, ref_log_probs=lm, coef=0.1,
+                                                                         estimator="k3"), **kw),
+        "gae_mask_pad_kl_k1": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", kl=dict(
+            log_probs=lp, ref_log_probs=lm, coef=0.1, clamp=10.0), **kw),
+        "gae_kl_k2": lambda: rt.gae(r, v, bootstrap_value=boot, done=done, kl=dict(
+            log_probs=lp, ref_log_probs=lm, coef=0.1, estimator="k2"), **kw),
+        "gae_kl_abs": lambda: rt.gae(r, v, kl=dict(log_probs=lp, ref_log_probs=lm, coef=0.1, estimator="abs"), **kw),
         # the fused whitening: the scan reports its moments, then the fold and the normalisation
         "gae_mask_skip_whiten": lambda: rt.gae(r, v, mask=~term, whiten=True, **kw),
         "gae_mask_pad_whiten": lambda: rt.gae(r, v, mask=~term, mask_mode="pad", whiten=dict(unbiased=False), **kw),
@@ -75,6 +87,21 @@ def _calls(rt, torch, R, T, dtype, g):
         "arrival_gae_plain": lambda: rt.arrival_gae(r, v, done=done, **kw),
         "arrival_gae_no_flags": lambda: rt.arrival_gae(r, v, ratio=x().exp(), gamma=x() * 0 + 0.9, **kw),
         "arrival_gae_gamma": lambda: rt.arrival_gae(r, v, done=done, lmbda=x() * 0 + 0.9, **kw),
+        # time-major [T, R] rollouts (the engine's WALK regime; with the moments, the lane regime)
+        "gae_time_major": lambda: rt.gae(tm(r), tm(v), done=tm(done), time_dim=0, **kw),
+        "gae_whiten_std_time_major": lambda: rt.gae(tm(r), tm(v), done=tm(done), time_dim=0,
+                                                    whiten=dict(eps_mode="std"), **kw),
+        "td_lambda_return_time_major": lambda: rt.td_lambda_return(tm(r), tm(nv), done=tm(done), time_dim=0, **kw),
+        "discounted_return_time_major": lambda: rt.discounted_return(tm(r), done=tm(done), time_dim=0, **kw),
+        "vtrace_time_major": lambda: rt.vtrace(tm(r), tm(v), tm(lp), tm(lm), done=tm(done), time_dim=0, **kw),
+        "retrace_time_major": lambda: rt.retrace(tm(r), tm(v), tm(lp), tm(lm), next_expected_q=tm(nv),
+                                                 done=tm(done), time_dim=0, **kw),
+        "eligibility_trace_time_major": lambda: rt.eligibility_trace(tm(r), done=tm(done), gamma=0.9, time_dim=0,
+                                                                     **kw),
+        "episodic_cumsum_time_major": lambda: rt.episodic_cumsum(tm(r), done=tm(done), time_dim=0, **kw),
+        "affine_scan_forward_time_major": lambda: rt.affine_scan(tm(r), tm(v), reverse=False, time_dim=0, **kw),
+        "gae_mask_skip_time_major": lambda: rt.gae(tm(r), tm(v), mask=tm(~term), time_dim=0, **kw),
+        "arrival_gae_time_major": lambda: rt.arrival_gae(tm(r), tm(v), done=tm(done), time_dim=0, **kw),
     }
 
 
@@ -141,8 +168,9 @@ def collect(root: str | None, only: str = "") -> dict:
             setattr(kernels, name, Compile(getattr(kernels, name)))
     from rl_triton.core.kernels import moments
 
-    for name in ("fold_kernel", "normalize_kernel", "moments_kernel"):
-        setattr(moments, name, Compile(getattr(moments, name)))
+    for name in ("fold_kernel", "normalize_kernel", "moments_kernel", "whiten_kernel"):  # those the checkout has
+        if hasattr(moments, name):
+            setattr(moments, name, Compile(getattr(moments, name)))
     g = torch.Generator().manual_seed(0)
     out = {}
     for R, T in SHAPES:

@@ -22,7 +22,6 @@ compare two checkouts back to back (``--root``).
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))

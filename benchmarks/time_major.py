@@ -8,10 +8,10 @@ batch-major (``[N, T]`` contiguous), per algorithm and shape, with the floor (is
 
 Shapes are T x N. By default every shape of the issue's table, and for V-trace besides RLlib's
 ``[50, 256-4096]``; algorithms by default GAE, V-trace, masked GAE and the forward affine scan
-(``--algos all`` for every one; the sweep GAE alone). Each cell draws one problem (catalog variant ``done`` where the function has
-one: done flags, implied next values; float32 unless ``--dtype``), calls it time-major and on the
-same data batch-major, and checks both against the float64 oracle (rl_triton.testing) on a
-spread of rows (the first and last, and the edges of 32, 64, 128 and 256-row blocks); a cell
+(``--algos all`` for every one; the sweep GAE alone). Each cell draws one problem (catalog
+variant ``done`` where the function has one: done flags, implied next values; float32 unless
+``--dtype``), calls it time-major and on the same data batch-major, and checks both against the
+float64 oracle (rl_triton.testing) on a spread of rows (the first and last, and the edges of 32, 64, 128 and 256-row blocks); a cell
 that fails or disagrees is reported, not timed, and the run ends with exit status 1. Device time
 is benchmarks/run.py's ``device_us`` (median CUDA-graph replay of 20 calls); the floor is the
 bytes each input is read and each output written once, at the copy bandwidth measured in the
@@ -44,7 +44,7 @@ _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_here, os.path.join(_here, "..")]
 import rl_triton  # noqa: E402
 from common import parser  # noqa: E402
-from rl_triton.core import kernels  # noqa: E402
+from rl_triton.core import kernels, plans  # noqa: E402
 from rl_triton.testing import make, oracle  # noqa: E402
 
 SHAPES = ["24x4096", "32x65536", "128x1024", "256x256", "2048x8", "2048x64", "128x65536", "512x4096", "4096x1024",
@@ -288,7 +288,21 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="time --candidates on the time-major call of each cell")
     p.add_argument("--candidates", default=CANDIDATES, help="--sweep: forced plans, ';'-separated")
     p.add_argument("--md", help="write the table here")
+    p.add_argument("--regime", default="on", choices=["on", "off"],
+                   help="kernels.TIME_MAJOR_REGIME for this run (the library's default is off until the regime "
+                        "is timed on an H200); off times the lane plan time-major data gets today")
     args = p.parse_args(argv)
+    previous, kernels.TIME_MAJOR_REGIME = kernels.TIME_MAJOR_REGIME, args.regime == "on"
+    plans.clear()  # no call plan made under the other setting
+    try:
+        return _run(args)
+    finally:
+        kernels.TIME_MAJOR_REGIME = previous
+        plans.clear()
+
+
+def _run(args) -> int:
+    """The run of :func:`main`'s parsed ``args``; the exit status."""
     args.algos = args.algos or (SWEEP_ALGOS if args.sweep else DEFAULT_ALGOS)
     if args.algos == "all":
         args.algos = ",".join(ALGOS)
@@ -309,6 +323,7 @@ def main(argv=None) -> int:
         lines = [f"CPU, Triton interpreter: checks only, {args.dtype}"]
     forced = parse_plan(args.force)
     candidates = [parse_plan(c) for c in args.candidates.split(";") if c.strip()]
+    lines.append(f"time-major regime (kernels.TIME_MAJOR_REGIME): {args.regime}")
     if forced:
         lines.append(f"time-major calls forced: {forced}")
     lines += [""] + (["| algorithm | T x N | candidate | plan | time-major us | batch-major us | time / batch |",

@@ -13,10 +13,15 @@ spans (tool output), a score on each response's last token plus small per-token 
 - group advantages (GRPO) for responses in groups of 8-16 against verl's
   ``compute_grpo_outcome_advantage`` loop;
 - the verl drop-in's ``compute_gae_advantage_return`` (what the patched trainer calls, a float
-  mask as verl passes it) against verl's function (``--verl BxL``).
+  mask as verl passes it) against verl's function (``--verl BxL``);
+- GAE with KL shaping inside the scan (``gae(..., kl=dict(...))``) against the same GAE alone,
+  per mask mode and estimator (``--kl BxL``): device time on CUDA, wall time on CPU, the first
+  rows checked against the float64 oracle (a mismatch ends the run).
 
     python benchmarks/token_level.py                       # CPU (numba), 256x4096 and smaller
     python benchmarks/token_level.py --device cuda         # the H200 shapes
+    python benchmarks/token_level.py --device cuda --kl 1024x8192 --dtypes float32,bfloat16 \
+        --no-gae --groups 0 --verl ''          # KL shaping against GAE alone
 """
 
 from __future__ import annotations
@@ -211,6 +216,71 @@ def verl_rows(shapes, device, rounds):
               f"{spread(ratios(t['verl'], t['ours']), '{:.0f}', 'x')} |")
 
 
+KL_COEF = 0.05
+
+
+def kl_rows(shapes, dtypes, device, rounds):
+    """GAE with KL shaping against GAE alone, per mask mode and estimator."""
+    from rl_triton.testing import oracle
+
+    print(f"\nGAE with KL shaping in the scan against GAE alone (coef {KL_COEF}); "
+          + ("device us (CUDA-graph replay)" if device == "cuda" else f"ms per call, median of {rounds} rounds"))
+    print("| B x L | dtype | mask mode | estimator | GAE alone | GAE with KL | ratio |"
+          + (" copy floor alone us | copy floor with KL us | floor ratio |" if device == "cuda" else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|---|" if device == "cuda" else ""))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for B, L in shapes:
+        for dtype in dtypes:
+            (r, v, m), _ = batch(B, L, dtype, device)
+            g = torch.Generator().manual_seed(2)
+            lp = (-3 * torch.rand(B, L, generator=g)).to(dtype=dtype, device=device)
+            ref = (lp.float().cpu() + 0.5 * torch.randn(B, L, generator=g)).to(dtype=dtype, device=device)
+            for mode in ("skip", "pad", None):
+                masked = {} if mode is None else dict(mask=m, mask_mode=mode)
+                for estimator in ("k1", "k3"):
+                    kl = dict(log_probs=lp, ref_log_probs=ref, coef=KL_COEF, estimator=estimator)
+
+                    def alone():
+                        return rt.gae(r, v, gamma=GAMMA, lmbda=LAM, **masked)
+
+                    def shaped():
+                        return rt.gae(r, v, gamma=GAMMA, lmbda=LAM, kl=kl, **masked)
+                    rows = slice(0, 4)  # rows are independent: the first few against the oracle
+                    f64 = [x[rows].double().cpu().numpy() for x in (r, v, lp, ref)]
+                    shaped_rewards = oracle.kl_shaped_rewards(f64[0], f64[2], f64[3], KL_COEF, estimator)
+                    g, lam = np.full(f64[0].shape, GAMMA), np.full(f64[0].shape, LAM)
+                    if mode is None:
+                        zeros = np.zeros(f64[0].shape)
+                        want = oracle.gae(shaped_rewards, f64[1], oracle.implied_next_values(f64[1]), zeros, zeros,
+                                          g, lam)
+                    else:
+                        want = oracle.gae_masked(shaped_rewards, f64[1], m[rows].cpu().numpy(), g, lam, mode=mode)
+                    tol = 1e-4 if dtype == torch.float32 else 3e-2
+                    for got, w in zip(shaped(), want):
+                        err = np.abs(got[rows].double().cpu().numpy() - w).max() / max(1.0, np.abs(w).max())
+                        if not err <= tol:
+                            raise SystemExit(f"KL-shaped GAE ({mode}, {estimator}, {dtype}) does not match the "
+                                             f"oracle: relative error {err:.1e} > {tol:.0e}")
+                    if device == "cuda":
+                        a, b = device_us(alone), device_us(shaped)
+                        # the minimal bytes: rewards, values (and the mask) read and two outputs written
+                        # once, and with KL the two log-prob tensors read too
+                        floors = []
+                        for extra in (0, 2 * lp.element_size()):
+                            nbytes = r.numel() * (4 * r.element_size() + (0 if mode is None else 1) + extra)
+                            src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
+                            dst = torch.empty_like(src)
+                            floors.append(device_us(lambda: dst.copy_(src)))
+                        cells = (f"{a:.1f} | {b:.1f} | {b / a:.3f}x | {floors[0]:.1f} | {floors[1]:.1f} | "
+                                 f"{floors[1] / floors[0]:.3f}x")
+                    else:
+                        t = alternate({"alone": lambda: (alone(), sync()), "kl": lambda: (shaped(), sync())},
+                                      rounds=rounds, batch_s=0.05)
+                        a, b = statistics.median(t["alone"]) * 1e3, statistics.median(t["kl"]) * 1e3
+                        cells = f"{a:.2f} | {b:.2f} | {b / a:.3f}x"
+                    print(f"| {B}x{L} | {str(dtype)[6:]} | {mode or 'none'} | {estimator} | {cells} |", flush=True)
+
+
 def main():
     p = parser(__doc__)
     p.add_argument("--device", default="cpu", help="cpu (numba) or cuda (Triton)")
@@ -219,6 +289,8 @@ def main():
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds")
     p.add_argument("--groups", type=int, default=8192, help="responses in the group-advantage row (0: none)")
     p.add_argument("--verl", default="64x2048", help="comma-separated BxL of the verl drop-in rows ('': none)")
+    p.add_argument("--kl", default="", help="comma-separated BxL of the KL-shaping rows ('': none)")
+    p.add_argument("--no-gae", action="store_true", help="leave out the GAE step rows")
     args = p.parse_args()
     default = "256x1024,1024x4096,1024x8192,256x32768" if args.device == "cuda" else "64x2048,256x4096"
     shapes = [tuple(map(int, s.split("x"))) for s in (args.shapes or default).split(",")]
@@ -229,11 +301,14 @@ def main():
     else:
         print(f"CPU: {machine()}")
     start = time.time()
-    gae_rows(shapes, dtypes, args.device, args.rounds)
+    if not args.no_gae:
+        gae_rows(shapes, dtypes, args.device, args.rounds)
     if args.groups:
         group_rows(args.groups, args.device, args.rounds)
     if args.verl:
         verl_rows([tuple(map(int, s.split("x"))) for s in args.verl.split(",")], args.device, args.rounds)
+    if args.kl:
+        kl_rows([tuple(map(int, s.split("x"))) for s in args.kl.split(",")], dtypes, args.device, args.rounds)
     print(f"\n{time.time() - start:.0f} s")
 
 

@@ -7,9 +7,13 @@ import importlib
 import os
 import sys
 
+import types
+
 import numpy as np
 import pytest
 import torch
+
+from rl_triton.testing import frameworks, sim_frameworks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "benchmarks")]
@@ -30,8 +34,17 @@ def table(names, T=5, N=6):
     return ok, "\n".join(lines).splitlines()[2:]
 
 
+def _rl_games_main(rewards, values, dones, last_values, last_dones, gamma, tau):
+    """rl_games main's compute_gae signature over rl-games 1.6.5's loop (the GPU peer's math)."""
+    agent = types.SimpleNamespace(horizon_length=rewards.shape[0], gamma=gamma, tau=tau)
+    return sim_frameworks.rl_games_discount_values(agent, last_dones, last_values, dones, values, rewards)
+
+
 @pytest.mark.parametrize("name", list(bench.ROWS))
-def test_every_row_runs_and_agrees_with_its_framework(name):
+def test_every_row_runs_and_agrees_with_its_framework(name, monkeypatch):
+    # the GPU peers' rows, driven on the CPU by their frameworks' loops in the peers' signatures
+    monkeypatch.setitem(bench.PEERS, "rl_games", _rl_games_main)
+    monkeypatch.setitem(bench.PEERS, "pufferlib", frameworks.pufferlib_advantage)
     ok, rows = table([name])
     assert ok, rows
     assert len(rows) == 1 and rows[0].startswith(f"| {name} | {bench.ROWS[name][0]} |")

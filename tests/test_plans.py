@@ -215,8 +215,8 @@ def test_calls_that_cannot_be_keyed_take_the_full_path(executions):
 def fake_triton(monkeypatch):
     """Compiled Triton kernels without a GPU: dispatch records its arguments and returns a
     stand-in compiled kernel whose launches record theirs; CPU tensors pass for CUDA ones.
-    Yields the two records (dispatch: arguments, workspace, fold, runtime sizes, constexprs,
-    index type; launches: the arguments after the launcher's nine leading ones)."""
+    Yields the two records (dispatch: arguments, workspace, fold, moments, runtime sizes,
+    constexprs, index type; launches: the arguments after the launcher's nine leading ones)."""
     pytest.importorskip("triton")
     from rl_triton.core import kernels, launch
 
@@ -228,8 +228,8 @@ def fake_triton(monkeypatch):
         def run(self, *args):
             launched.append(args[9:])
 
-    def dispatch(config, args, ws, runtime, phase, idx, fold=None):
-        dispatched.append((args, ws, fold, runtime, config.constexprs[phase], idx))
+    def dispatch(config, args, ws, runtime, phase, idx, fold=None, moments=None):
+        dispatched.append((args, ws, fold, moments, runtime, config.constexprs[phase], idx))
         return Compiled()
 
     monkeypatch.setattr(kernels, "_dispatch", dispatch)
@@ -241,10 +241,12 @@ def fake_triton(monkeypatch):
     yield dispatched, launched
 
 
-def test_direct_launch_passes_what_dispatch_passes(fake_triton):
+@pytest.mark.parametrize("moments", [None, (1, None), (0, "terminated")])
+def test_direct_launch_passes_what_dispatch_passes(fake_triton, moments):
     """The GPU launch from data pointers (Launch.launch_direct) gives the compiled kernel the
-    arguments Triton's dispatch got, each tensor replaced by its data pointer. Checked without a
-    GPU: a stand-in compiled kernel records both."""
+    arguments Triton's dispatch got, each tensor replaced by its data pointer, with and without
+    an output reduced into partial moments (the whitening's). Checked without a GPU: a stand-in
+    compiled kernel records both."""
     from rl_triton.core import kernels, spec
 
     dispatched, launched = fake_triton
@@ -252,21 +254,28 @@ def test_direct_launch_passes_what_dispatch_passes(fake_triton):
         torch.rand(5, 40) < 0.1, torch.randn(40, 5).t()
     args = spec.GAE.bind(rewards=r, values=v, next_values=nv, terminated=term, truncated=trunc, gamma=0.9, lmbda=0.8)
     outs = [torch.empty(5, 40), torch.empty(5, 40)]
-    launch = kernels.Launch(spec.GAE, args, outs)
-    launch.launch(args, outs)
+    launch = kernels.Launch(spec.GAE, args, outs, moments=moments)
+    parts = None if moments is None else torch.empty(launch.tiles, 3, dtype=torch.float64)
+    launch.launch(args, outs, parts)
     assert len(dispatched) == 1 and not launched
     values = (*args, *outs)
     ptrs = [values[i].data_ptr() for i in launch.tensor_slots]
-    assert launch.launch_direct(ptrs)
+    assert launch.launch_direct(ptrs, None if parts is None else parts.data_ptr())
 
     def as_pointers(x):
         if isinstance(x, tuple):
             return tuple(as_pointers(y) for y in x)
         return x.data_ptr() if isinstance(x, torch.Tensor) else x
 
-    (ins, outs_), ws, fold, runtime, constexprs, idx = dispatched[0]
+    (ins, outs_), ws, fold, reduced, runtime, constexprs, idx = dispatched[0]
     assert fold is None
-    assert launched[0] == (as_pointers(ins), as_pointers(outs_), ws.data_ptr(), None, *runtime, *constexprs, idx)
+    if moments is None:
+        assert reduced is None
+    else:
+        k, flag = moments
+        assert reduced == (parts, outs_[k], None if flag is None else ins[spec.GAE.names.index(flag)])
+    assert launched[0] == (as_pointers(ins), as_pointers(outs_), ws.data_ptr(), None, as_pointers(reduced), *runtime,
+                           *constexprs, idx)
 
 
 def test_compiled_kernels_launch_alike_directly_and_through_their_own_launcher():
@@ -348,9 +357,9 @@ def test_a_chunk_launch_from_pointers_passes_what_dispatch_passes(fake_triton, m
             return tuple(as_pointers(y) for y in x)
         return x.data_ptr() if isinstance(x, torch.Tensor) else x
 
-    for got, ((ins, outs_), ws, fold, runtime, constexprs, idx) in zip((launched[0], launched[2]), dispatched):
-        assert got == (as_pointers(ins), as_pointers(outs_), ws.data_ptr(), as_pointers(fold), *runtime, *constexprs,
-                       idx)
+    for got, ((ins, outs_), ws, fold, _, runtime, constexprs, idx) in zip((launched[0], launched[2]), dispatched):
+        assert got == (as_pointers(ins), as_pointers(outs_), ws.data_ptr(), as_pointers(fold), None, *runtime,
+                       *constexprs, idx)
     assert dispatched[0][2] is None and dispatched[1][2] == (chunk.gathered, 3, 1, divisor)
     hand_args, hand_constexprs = handed[0]
     assert launched[1] == (*as_pointers(hand_args), *hand_constexprs)
@@ -379,17 +388,17 @@ def test_generated_hit_passes_what_dispatch_passes(shape, fake_triton):
 
     call()  # the full path: Triton's dispatch
     phases = len(dispatched)
-    (ins, outs_), _, _, runtime, _, idx = dispatched[0]
+    (ins, outs_), _, _, _, runtime, _, idx = dispatched[0]
     plan = _plans()[0]
     for path in ("direct", "generated"):
         assert (plan.hit is not None) == (path == "generated")
         adv, tgt = call()
         assert len(launched) == phases * (1 if path == "direct" else 2)
-        for got, (_, _, _, _, constexprs, _) in zip(launched[-phases:], dispatched):
+        for got, (_, _, _, _, _, constexprs, _) in zip(launched[-phases:], dispatched):
             assert got[0] == as_pointers(ins)
             assert got[1] == tuple((o.data_ptr(), *t[1:]) for o, t in zip((adv, tgt), outs_))
             assert got[2] == r.data_ptr() if phases == 1 else got[2] != r.data_ptr()  # a workspace of its own
-            assert got[3] is None and got[4:] == (*runtime, *constexprs, idx)
+            assert got[3] is None and got[4] is None and got[5:] == (*runtime, *constexprs, idx)
     assert len(dispatched) == phases
     offset = torch.randn(R * T + 1)[1:].view(R, T)  # 4 bytes past an aligned address
     call(offset)

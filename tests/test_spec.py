@@ -42,11 +42,19 @@ def test_every_algorithm_has_a_triton_builder():
     assert set(builders.PARTS) == set(spec.ALGORITHMS)
 
 
+_NO_KL = dict(kl_mode=spec.KL_NONE)
+
+
 @pytest.mark.parametrize("given,expected", [
-    (dict(), dict(nv_mode=spec.NV_IMPLIED, done_mode=spec.DONE_TERM_OR_TRUNC)),
-    (dict(next_values=1, done=1), dict(nv_mode=spec.NV_EXPLICIT, done_mode=spec.DONE_ARRAY)),
-    (dict(terminated=1, truncated=1), dict(nv_mode=spec.NV_IMPLIED, done_mode=spec.DONE_TERM_OR_TRUNC)),
-    (dict(done=1, last_done=1), dict(nv_mode=spec.NV_IMPLIED, done_mode=spec.DONE_OBS_ALIGNED)),
+    (dict(), dict(nv_mode=spec.NV_IMPLIED, done_mode=spec.DONE_TERM_OR_TRUNC, **_NO_KL)),
+    (dict(next_values=1, done=1), dict(nv_mode=spec.NV_EXPLICIT, done_mode=spec.DONE_ARRAY, **_NO_KL)),
+    (dict(terminated=1, truncated=1), dict(nv_mode=spec.NV_IMPLIED, done_mode=spec.DONE_TERM_OR_TRUNC, **_NO_KL)),
+    (dict(done=1, last_done=1), dict(nv_mode=spec.NV_IMPLIED, done_mode=spec.DONE_OBS_ALIGNED, **_NO_KL)),
+    # the KL estimator from its coefficient's slot (1 + its index), KL_CLAMPED added with a clamp
+    (dict(log_probs=1, kl_k1=0.1), dict(nv_mode=spec.NV_IMPLIED, done_mode=spec.DONE_TERM_OR_TRUNC, kl_mode=1)),
+    (dict(log_probs=1, kl_k3=0.1, kl_clamp=10.0),
+     dict(nv_mode=spec.NV_IMPLIED, done_mode=spec.DONE_TERM_OR_TRUNC, kl_mode=3 + spec.KL_CLAMPED)),
+    (dict(log_probs=1, kl_abs=0.1), dict(nv_mode=spec.NV_IMPLIED, done_mode=spec.DONE_TERM_OR_TRUNC, kl_mode=4)),
 ])
 def test_bind_derives_the_modes(given, expected):
     args = spec.GAE.bind(**given)

@@ -42,6 +42,27 @@ def _planned():
     return contextlib.nullcontext()
 
 
+@pytest.fixture(autouse=True)
+def _regime_on(monkeypatch):
+    """The time-major regime switched on (kernels.TIME_MAJOR_REGIME, off by default until timed on
+    a GPU), with no plan kept from before."""
+    monkeypatch.setattr(kernels, "TIME_MAJOR_REGIME", True)
+    monkeypatch.setattr(kernels, "_launches", {})
+    rl_triton.core.plans.clear()
+    yield
+    rl_triton.core.plans.clear()
+
+
+def test_the_regime_is_off_by_default(monkeypatch):
+    """With the switch at its default, time-major data keeps the lane plan of every layout."""
+    monkeypatch.setattr(kernels, "TIME_MAJOR_REGIME", False)
+    seen = []
+    real = kernels.time_major_plan
+    monkeypatch.setattr(kernels, "time_major_plan", lambda *a: seen.append(a[:2]) or real(*a))
+    _check(_problem("gae", seed=3), None)
+    assert seen == []
+
+
 @pytest.mark.parametrize("plan", list(PLANS), ids=list(PLANS))
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_time_major_regime_matches_oracle(algo, plan):
@@ -81,7 +102,8 @@ def test_strided_views_match_oracle(algo, layout):
         wide[:, :3 * x.shape[1]:3] = x
         return wide[:, :3 * x.shape[1]:3]
 
-    p = dataclasses.replace(p, args=tuple(relaid(a) for a in p.args), kwargs={k: relaid(v) for k, v in p.kwargs.items()})
+    p = dataclasses.replace(p, args=tuple(relaid(a) for a in p.args),
+                            kwargs={k: relaid(v) for k, v in p.kwargs.items()})
     assert kernels.is_time_major(p.args[0].t()) == (layout != "transposed")
     _check(p, dict(walk=1, block_t=4, block_r=2, n_seg=2))
 

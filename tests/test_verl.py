@@ -1115,3 +1115,26 @@ def test_framework_page_first_snippet_runs(page, tmp_path):
     _real_core_algos()
     done = run_python_block(f"docs/{page}.md", tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+@pytest.mark.framework
+@pytest.mark.parametrize("penalty", ["kl", "abs", "mse", "low_var_kl", "k3+", "k1"])
+@pytest.mark.parametrize("kind", MASKS)
+@pytest.mark.parametrize("dtype", [F64, F32])
+def test_real_verl_kl_penalty_then_gae(rt_backend, dtype, kind, penalty):
+    """compute_gae_advantage_return_with_kl against verl's own steps: kl_penalty times the mask
+    subtracted from the scores (what ray_trainer.apply_kl_penalty does), then verl's GAE."""
+    core = _real_core_algos()
+    scores, v = _data(dtype, seed=111)
+    m = _mask(kind, seed=112).to(dtype)
+    g = torch.Generator().manual_seed(113)
+    lp = (-6 * torch.rand(B, L, generator=g, dtype=F64)).to(dtype)
+    ref = (-6 * torch.rand(B, L, generator=g, dtype=F64)).to(dtype)
+    lp[0, :3] = torch.tensor([-30.0, 0.0, 25.0], dtype=dtype)  # past k3's bounds both ways
+    beta = 0.07
+    kld = core.kl_penalty(lp, ref, kl_penalty=penalty) * m
+    want = core.compute_gae_advantage_return(scores - beta * kld, v, m, 0.99, 0.95)
+    got = rt_verl.compute_gae_advantage_return_with_kl(scores, v, m, lp, ref, beta, penalty, 0.99, 0.95)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        _close(a, b, _real_tol("gae", dtype))

@@ -292,7 +292,7 @@ def launch_bound(bound: plans.Bound, recorder):
     """Launch a bound fused call: as a chunk of a split sequence where one is running
     (rl_triton/core/sharded.py), else through the plan ``recorder`` (``plans._Recorder``, the
     signature's first call) builds, else directly. The outputs, one tensor or a tuple."""
-    c, algo, args = bound
+    c, algo, args, reduce = bound
     chunk = c.chunk
     if chunk is not None:
         edge = None
@@ -315,10 +315,12 @@ def launch_bound(bound: plans.Bound, recorder):
         return results if len(results) > 1 else results[0]
     args = algo.bind(**args)
     if recorder is not None and c.plannable and not any(c.aliased) and not torch.compiler.is_compiling():
-        plan = recorder.build(algo, c.backend, c.compute_dtype, args, c.rows, c.out, c.checks, c.numbers)
+        plan = recorder.build(algo, c.backend, c.compute_dtype, args, c.rows, c.out, c.checks, c.numbers, reduce)
         if plan is not None:
             return plan.execute(recorder.values)
     elif recorder is not None and any(c.aliased):
         recorder.final = False  # aliasing belongs to this call, not to the signature
+    if reduce is not None:
+        return reduce.run(args)
     results = c._launch(algo, args)
     return results if len(results) > 1 else results[0]

@@ -22,7 +22,7 @@ import torch
 
 from . import coefficients as C
 from . import spec
-from .spec import DONE_ARRAY, DONE_OBS_ALIGNED, EV_GIVEN, NV_EXPLICIT_EDGE, NV_IMPLIED
+from .spec import DONE_ARRAY, DONE_OBS_ALIGNED, EV_GIVEN, KL_CLAMPED, KL_NONE, NV_EXPLICIT_EDGE, NV_IMPLIED
 
 # numba is imported on the first CPU launch, not with the package (the import alone takes most of
 # a second): until then the loops below are plain functions, and the names they call (``prange``
@@ -62,7 +62,7 @@ def _bind(numba):
     """Define the numba helpers and bind them, with ``nb`` and ``prange``, as module globals."""
     global nb, prange, _inline, _where, _c_step, _c_gae, _c_masked_gae, _c_td_lambda_return, _c_discounted_return
     global _c_vtrace, _c_vtrace_pg, _c_retrace, _c_arrival_gae, _not, _flags, _clip, _gain, _edge, _masked_step
-    global _valid, _next_value, _all_binary, _implies, _nonzero_bytes, _spread_rows
+    global _valid, _next_value, _all_binary, _implies, _nonzero_bytes, _spread_rows, _kl_reward, _kl_numbers
     nb, prange = numba, numba.prange
     _inline = nb.njit(inline="always", cache=True)
 
@@ -130,6 +130,37 @@ def _bind(numba):
         return v, _c_step(a, b, acc), v if on else nxt
 
     @_inline
+    def _kl_reward(r, log_prob, ref_log_prob, coef, clamp, kl_mode):
+        """r - coef*kl, the KL-shaped reward of one step (docs/semantics.md, section 13.1), for
+        kl_mode other than KL_NONE; NaN stays NaN through every clamp."""
+        d = log_prob * 1.0 - ref_log_prob
+        estimator = kl_mode % KL_CLAMPED
+        if estimator == 1:
+            kl = d
+        elif estimator == 2:
+            kl = 0.5 * d * d
+        elif estimator == 3:
+            e = -d
+            e = -20.0 if e < -20.0 else e
+            e = 20.0 if e > 20.0 else e
+            kl = math.exp(e) - e - 1.0
+            kl = 10.0 if kl > 10.0 else kl
+        else:
+            kl = abs(d)
+        if kl_mode >= KL_CLAMPED:
+            kl = clamp if kl > clamp else kl
+            kl = -clamp if kl < -clamp else kl
+        return r - coef * kl
+
+    @_inline
+    def _kl_numbers(kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode):
+        """(coefficient, clamp) of the KL group: numbers (stride-0 arrays), the coefficient in
+        the slot of the estimator chosen and 0 in the others; (0, 0) without KL."""
+        if kl_mode == KL_NONE:
+            return 0.0, 0.0
+        return kl_k1[0, 0] * 1.0 + kl_k2[0, 0] + kl_k3[0, 0] + kl_abs[0, 0], kl_clamp[0, 0] * 1.0
+
+    @_inline
     def _valid(x, m, shift):
         """x - shift where the mask m is nonzero, else 0 (x not read: NaN outside the mask stays out)."""
         return x * 1.0 - shift if m != 0 else 0.0
@@ -188,8 +219,10 @@ def loop(algo: spec.Algorithm):
 
 @loop(spec.GAE)
 def gae(rewards, values, carry, next_values, bootstrap_value, terminated, done, truncated, last_done, gamma, lmbda,
-        nv_mode, done_mode, advantages, value_targets, edge):
+        nv_mode, done_mode, log_probs, ref_log_probs, kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp,
+        kl_mode, advantages, value_targets, edge):
     R, T = rewards.shape
+    kl_coef, clamp = _kl_numbers(kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode)
     for i in prange(R):
         acc = carry[i] * 1.0
         gain = 1.0
@@ -198,7 +231,9 @@ def gae(rewards, values, carry, next_values, bootstrap_value, terminated, done, 
             nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, tn], truncated[i, t], last_done[i], done_mode,
                                   t == T - 1)
             nvt = _next_value(next_values[i, t], values[i, tn], bootstrap_value[i], nv_mode, t == T - 1)
-            a, b = _c_gae(rewards[i, t], values[i, t], nvt, nterm, ndone, gamma[i, t] * 1.0, lmbda[i, t])
+            r = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(
+                rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
+            a, b = _c_gae(r, values[i, t], nvt, nterm, ndone, gamma[i, t] * 1.0, lmbda[i, t])
             acc = _c_step(a, b, acc)
             gain = _gain(gain, b)
             advantages[i, t] = acc
@@ -213,11 +248,13 @@ ROW_BLOCK_MIN_ELEMENTS = 1 << 20
 
 
 def gae_row_blocks(rewards, values, carry, next_values, bootstrap_value, terminated, done, truncated, last_done,
-                   gamma, lmbda, nv_mode, done_mode, advantages, value_targets, edge):
+                   gamma, lmbda, nv_mode, done_mode, log_probs, ref_log_probs, kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp,
+                   kl_mode, advantages, value_targets, edge):
     """``gae`` for time-major memory (rows adjacent): blocks of rows step through time together,
     so each step reads contiguous runs instead of one element per cache line (no edge maps: a
     call that asks for one runs ``gae``)."""
     R, T = rewards.shape
+    kl_coef, clamp = _kl_numbers(kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode)
     for blk in prange((R + ROW_BLOCK - 1) // ROW_BLOCK):
         lo = blk * ROW_BLOCK
         hi = min(lo + ROW_BLOCK, R)
@@ -231,7 +268,9 @@ def gae_row_blocks(rewards, values, carry, next_values, bootstrap_value, termina
                 nterm, ndone = _flags(terminated[i, t], done[i, t], done[i, tn], truncated[i, t], last_done[i],
                                       done_mode, end)
                 nvt = _next_value(next_values[i, t], values[i, tn], bootstrap_value[i], nv_mode, end)
-                a, b = _c_gae(rewards[i, t], values[i, t], nvt, nterm, ndone, gamma[i, t] * 1.0, lmbda[i, t])
+                r = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(
+                    rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
+                a, b = _c_gae(r, values[i, t], nvt, nterm, ndone, gamma[i, t] * 1.0, lmbda[i, t])
                 x = _c_step(a, b, acc[i - lo])
                 acc[i - lo] = x
                 advantages[i, t] = x
@@ -343,11 +382,13 @@ def gae_time_major(rewards, values, bootstrap_value, done, last_done, carry, gam
 
 
 @loop(spec.MASKED_GAE)
-def masked_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, advantages, value_targets, edge):
+def masked_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, log_probs, ref_log_probs, kl_k1,
+               kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode, advantages, value_targets, edge):
     """GAE over the unmasked steps: the next value and the advantage carry across masked steps;
     value targets are advantages + values at every step. The edge map is the two-state one
     ``(a1, b1, a2, b2, c)`` of (next unmasked value, advantage) at t = 0 on (bootstrap, carry)."""
     R, T = rewards.shape
+    kl_coef, clamp = _kl_numbers(kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode)
     for i in prange(R):
         acc = carry[i] * 1.0
         nxt = bootstrap_value[i] * 1.0
@@ -356,7 +397,9 @@ def masked_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, adva
             m = mask[i, t] != 0
             v = values[i, t] * 1.0
             g = gamma[i, t] * 1.0
-            a, b = _c_masked_gae(rewards[i, t], v, nxt, 1.0 if m else 0.0, g, lmbda[i, t])
+            r = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(
+                rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
+            a, b = _c_masked_gae(r, v, nxt, 1.0 if m else 0.0, g, lmbda[i, t])
             if m:
                 nxt = v
                 c = _gain(c, b) + _gain(b1, g)
@@ -373,11 +416,13 @@ def masked_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, adva
             edge[i, 4] = c
 
 
-def masked_gae_pairs(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, advantages, value_targets, edge):
+def masked_gae_pairs(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, log_probs, ref_log_probs, kl_k1,
+                     kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode, advantages, value_targets, edge):
     """masked_gae without the edge map (``edge`` unused), each thread walking two rows (i and
     i + H) through time together so that their recurrences overlap in the pipeline; a lone last
     row is walked twice, writing the same values."""
     R, T = rewards.shape
+    kl_coef, clamp = _kl_numbers(kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode)
     H = (R + 1) // 2
     # number coefficients (stride-0 arrays) read once
     fixed = gamma.strides[0] == 0 and gamma.strides[1] == 0 and lmbda.strides[0] == 0 and lmbda.strides[1] == 0
@@ -390,8 +435,12 @@ def masked_gae_pairs(rewards, values, mask, bootstrap_value, carry, gamma, lmbda
         for t in range(T - 1, -1, -1):
             g_i, l_i = (g0, l0) if fixed else (gamma[i, t] * 1.0, lmbda[i, t] * 1.0)
             g_k, l_k = (g0, l0) if fixed else (gamma[k, t] * 1.0, lmbda[k, t] * 1.0)
-            v_i, acc_i, nxt_i = _masked_step(rewards[i, t], values[i, t], mask[i, t], g_i, l_i, acc_i, nxt_i)
-            v_k, acc_k, nxt_k = _masked_step(rewards[k, t], values[k, t], mask[k, t], g_k, l_k, acc_k, nxt_k)
+            r_i = rewards[i, t] if kl_mode == KL_NONE else _kl_reward(
+                rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
+            r_k = rewards[k, t] if kl_mode == KL_NONE else _kl_reward(
+                rewards[k, t], log_probs[k, t], ref_log_probs[k, t], kl_coef, clamp, kl_mode)
+            v_i, acc_i, nxt_i = _masked_step(r_i, values[i, t], mask[i, t], g_i, l_i, acc_i, nxt_i)
+            v_k, acc_k, nxt_k = _masked_step(r_k, values[k, t], mask[k, t], g_k, l_k, acc_k, nxt_k)
             advantages[i, t] = acc_i
             value_targets[i, t] = acc_i + v_i
             advantages[k, t] = acc_k
@@ -399,10 +448,12 @@ def masked_gae_pairs(rewards, values, mask, bootstrap_value, carry, gamma, lmbda
 
 
 @loop(spec.PADDED_GAE)
-def padded_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, advantages, value_targets, edge):
+def padded_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, log_probs, ref_log_probs, kl_k1,
+               kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode, advantages, value_targets, edge):
     """GAE with rewards and values read as 0 where the mask is 0; value targets are advantages +
     the zeroed values."""
     R, T = rewards.shape
+    kl_coef, clamp = _kl_numbers(kl_k1, kl_k2, kl_k3, kl_abs, kl_clamp, kl_mode)
     for i in prange(R):
         acc = carry[i] * 1.0
         gain = 1.0
@@ -410,7 +461,13 @@ def padded_gae(rewards, values, mask, bootstrap_value, carry, gamma, lmbda, adva
         for t in range(T - 1, -1, -1):
             m = mask[i, t] != 0
             v = values[i, t] * 1.0 if m else 0.0
-            a, b = _c_gae(rewards[i, t] if m else 0.0, v, nxt, 1.0, 1.0, gamma[i, t] * 1.0, lmbda[i, t])
+            if not m:
+                r = 0.0
+            elif kl_mode == KL_NONE:
+                r = rewards[i, t]
+            else:
+                r = _kl_reward(rewards[i, t], log_probs[i, t], ref_log_probs[i, t], kl_coef, clamp, kl_mode)
+            a, b = _c_gae(r, v, nxt, 1.0, 1.0, gamma[i, t] * 1.0, lmbda[i, t])
             nxt = v
             acc = _c_step(a, b, acc)
             gain = _gain(gain, b)
@@ -869,7 +926,7 @@ def _episode_starts_call(args) -> bool:
     """Whether a GAE call is SB3's or CleanRL's (observation-aligned flags, implied next values,
     a bootstrap value, number coefficients), which ``gae_episode_starts`` serves."""
     return (args.nv_mode == NV_IMPLIED and args.done_mode == DONE_OBS_ALIGNED and args.bootstrap_value is not None
-            and args.carry is None and not isinstance(args.gamma, torch.Tensor)
+            and args.carry is None and args.kl_mode == KL_NONE and not isinstance(args.gamma, torch.Tensor)
             and not isinstance(args.lmbda, torch.Tensor))
 
 
@@ -895,7 +952,7 @@ def _time_major_call(args, dtype, outs) -> bool:
     """Whether a GAE call is one that ``gae_time_major`` serves: implied next values (so every
     done a termination), number coefficients, flags as dones, terminations alone or episode
     starts, every array F-contiguous in its kernel form."""
-    if args.nv_mode != NV_IMPLIED or isinstance(args.gamma, torch.Tensor) \
+    if args.nv_mode != NV_IMPLIED or args.kl_mode != KL_NONE or isinstance(args.gamma, torch.Tensor) \
             or isinstance(args.lmbda, torch.Tensor) or args.truncated is not None:
         return False
     flags = args.done if args.done is not None else args.terminated

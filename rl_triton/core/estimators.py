@@ -9,15 +9,19 @@ rl_triton/core/call.py's; semantics: docs/semantics.md.
 
 from __future__ import annotations
 
+import functools
 import math
+from numbers import Real
+from typing import NamedTuple
 
 import torch
 
 from . import coefficients as C
 from . import inputs, launch, routes, scan, sharded, spec
 from .call import TRUNCATION_HELP, Call, launch_bound
-from .plans import Bound
+from .plans import Bound, Reduce
 from .docstrings import FLAG, FORWARD_DONE, GAMMA_X, OUT_PAIR, documented
+from . import whiten as whitening
 from .whiten import WHITEN_OPTIONS, check_whiten_options, masked_whiten
 
 
@@ -36,12 +40,21 @@ from .whiten import WHITEN_OPTIONS, check_whiten_options, masked_whiten
             "normalise so: ``dict(eps_mode=\"std\")``, ``(A - mean) / (std + 1e-8)``). With ``group=`` the "
             "statistics span the group's ranks unless the dict names another group. Not where autograd needs "
             "gradients (ValueError); with ``cu_seqlens`` it needs a mask."),
+    kl=("KL shaping of the rewards inside the scan (semantics section 13.1): None, or a dict with the keys "
+        "``log_probs`` (log pi(a_t|s_t) of the policy that sampled the tokens) and ``ref_log_probs`` (the "
+        "reference policy's), float tensors of any float dtype broadcastable to the rewards' shape, on their "
+        "device; ``coef``, the KL coefficient, a finite Python number; ``estimator`` (default ``\"k1\"``): "
+        "``\"k1\"`` d, ``\"k2\"`` d**2/2, ``\"k3\"`` min(exp(-d) + d - 1, 10) (d clipped to [-20, 20] "
+        "first) or ``\"abs\"`` \\|d\\|, with d = log_probs - ref_log_probs; ``clamp`` (default None), a "
+        "number > 0 that clips the estimate to [-clamp, clamp] (OpenRLHF: 10). Each step's reward is then "
+        "``r[t] - coef*kl[t]``, formed in the compute dtype; masked tokens read no reward, shaped or not. "
+        "TypeError/ValueError naming the key for a bad entry."),
     out=OUT_PAIR,
 )
 def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=None, truncated=None,
         done=None, gamma=0.99, lmbda=0.95, time_dim=-1, backend=None, out=None, episode_starts=None,
-        last_done=None, mask=None, mask_mode="skip", whiten=False, cu_seqlens=None, max_seqlen=None, group=None,
-        _chunk=None):
+        last_done=None, mask=None, mask_mode="skip", whiten=False, kl=None, cu_seqlens=None, max_seqlen=None,
+        group=None, _chunk=None):
     """Generalized advantage estimation.
 
     delta[t] = r[t] + gamma*(1-terminated[t])*V(s_{t+1}) - V(s_t)
@@ -52,40 +65,114 @@ def gae(rewards, values, *, next_values=None, bootstrap_value=None, terminated=N
     0, past the last), A[t] = m[t]*(r[t] + gamma*nv[t] - V(s_t)) + (m[t]*gamma*lmbda + 1 - m[t])*A[t+1];
     ``mask_mode="pad"`` (TRL, OpenRLHF) reads rewards and values as 0 where the mask is 0.
 
+    With ``kl`` (semantics section 13.1) every r[t] above is r[t] - coef*kl[t], the KL estimate of
+    log_probs[t] - ref_log_probs[t] formed in the same pass.
+
     Returns ``(advantages, value_targets = advantages + values)`` (pad: the zeroed values).
     """
-    if whiten is not False and mask is None and mask_mode == "skip":
-        # over every element: the call without whitening (its plan), then the whitening in place
-        options = _whiten_options(whiten)
-        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
-                                           for x in (rewards, values, next_values, bootstrap_value, gamma, lmbda)):
-            raise ValueError(_WHITEN_AUTOGRAD)
-        results = gae(rewards, values, next_values=next_values, bootstrap_value=bootstrap_value, terminated=terminated,
-                      truncated=truncated, done=done, gamma=gamma, lmbda=lmbda, time_dim=time_dim, backend=backend,
-                      out=out, episode_starts=episode_starts, last_done=last_done)
-        return _whitened(results, None, options, backend)
     c = Call(rewards, "rewards", time_dim, chunk=_chunk)
     c.value(values, "values")
+    kl = _kl_shaping(c, kl)
     if mask is not None or mask_mode != "skip":
         return _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, gamma, lmbda, backend, out,
-                           next_values=next_values, terminated=terminated, truncated=truncated, done=done,
+                           kl, next_values=next_values, terminated=terminated, truncated=truncated, done=done,
                            episode_starts=episode_starts, last_done=last_done)
+    options = _whiten_options(whiten)
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
     c.next_value_form(next_values, bootstrap_value)
     g, l = c.coefficient(gamma, "gamma"), c.coefficient(lmbda, "lmbda")
     fused = c.start(backend, out, 2)
     if c.empty:
-        return c.empty_outputs()
+        return _whitened(c.empty_outputs(), None, options, None)
+    if options is not None:
+        _whitening_call(c)
     if fused:
-        return c.bind(spec.GAE, rewards=c.view(rewards), values=c.view(values), next_values=c.view(next_values),
-                      bootstrap_value=c.row_view(bootstrap_value), **c.fused_flags(), gamma=c.view(g),
-                      lmbda=c.view(l))
+        bound = c.bind(spec.GAE, rewards=c.view(rewards), values=c.view(values), next_values=c.view(next_values),
+                       bootstrap_value=c.row_view(bootstrap_value), **c.fused_flags(), gamma=c.view(g),
+                       lmbda=c.view(l), **_kl_args(c, kl))
+        return bound if options is None else _launch_whitened(bound, None, options)
     v = c.float_rows(values)
     nterm, ndone = c.composed_flags()
     nv = c.composed_next_values(values, next_values, bootstrap_value)
-    alpha, beta = C.gae(c.float_rows(rewards), v, nv, nterm, ndone, c.float_rows(g), c.float_rows(l))
+    alpha, beta = C.gae(_shaped_rewards(c, rewards, kl), v, nv, nterm, ndone, c.float_rows(g), c.float_rows(l))
     adv = scan.call_scan(c, alpha, beta, c.float_row(None), True)
-    return c.results([adv, adv + v])
+    return _whitened(c.results([adv, adv + v]), None, options, c.backend)
+
+
+KL_KEYS = ("log_probs", "ref_log_probs", "coef", "estimator", "clamp")
+
+
+class KLShaping(NamedTuple):
+    """``gae``'s ``kl`` after its checks: the two log-prob tensors as given, the coefficient and
+    the clamp as floats (clamp None: none), the estimator's name (spec.KL_ESTIMATORS)."""
+    log_probs: torch.Tensor
+    ref_log_probs: torch.Tensor
+    coef: float
+    estimator: str
+    clamp: float | None
+
+
+def _kl_shaping(c, kl) -> KLShaping | None:
+    """``gae``'s ``kl`` checked against the call ``c`` (TypeError/ValueError naming the key)."""
+    if kl is None:
+        return None
+    if not isinstance(kl, dict):
+        raise TypeError(f"kl must be None or a dict with the keys {list(KL_KEYS)}, got {type(kl).__name__}")
+    unknown = sorted(str(k) for k in kl if k not in KL_KEYS)
+    if unknown:
+        raise ValueError(f"kl takes the keys {list(KL_KEYS)}, got {unknown}")
+    for key in ("log_probs", "ref_log_probs", "coef"):
+        if key not in kl:
+            raise ValueError(f"kl needs the key {key!r}")
+    estimator = kl.get("estimator", "k1")
+    if not isinstance(estimator, str) or estimator not in spec.KL_ESTIMATORS:
+        raise ValueError(f"kl['estimator'] must be one of {list(spec.KL_ESTIMATORS)}, got {estimator!r}")
+    coef = kl["coef"]
+    if isinstance(coef, bool) or not isinstance(coef, Real):
+        raise TypeError(f"kl['coef'] must be a number, got {type(coef).__name__}")
+    if not math.isfinite(coef):
+        raise ValueError(f"kl['coef'] must be finite, got {coef}")
+    clamp = kl.get("clamp")
+    if clamp is not None:
+        clamp = inputs.check_threshold(clamp, "kl['clamp']")
+        clamp = None if math.isinf(clamp) else clamp
+    tensors = [c.rows.value(kl[key], f"kl['{key}']", any_float=True) for key in ("log_probs", "ref_log_probs")]
+    c.grad_inputs.extend(tensors)  # autograd through the log-probs takes the composed path
+    return KLShaping(*tensors, float(coef), estimator, clamp)
+
+
+def _kl_args(c, kl: KLShaping | None) -> dict:
+    """The fused kernels' KL group (spec.KL) for ``kl``: none without it."""
+    if kl is None:
+        return {}
+    return {"log_probs": c.view(kl.log_probs), "ref_log_probs": c.view(kl.ref_log_probs),
+            f"kl_{kl.estimator}": kl.coef, "kl_clamp": kl.clamp}
+
+
+def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str, clamp: float | None):
+    """The per-token KL estimate of semantics section 13.1 as torch ops, in the inputs' dtype:
+    d = log_probs - ref_log_probs; k1 d, k2 d**2/2, k3 min(exp(-d') + d' - 1, 10) with d' = d
+    clipped to [-20, 20], abs |d|; then clipped to [-clamp, clamp] where clamp is given."""
+    d = log_probs - ref_log_probs
+    if estimator == "k1":
+        kl = d
+    elif estimator == "k2":
+        kl = 0.5 * d * d
+    elif estimator == "k3":
+        e = (-d).clamp(-20.0, 20.0)
+        kl = (torch.exp(e) - e - 1.0).clamp(max=10.0)
+    else:
+        kl = d.abs()
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
+
+
+def _shaped_rewards(c, rewards, kl: KLShaping | None):
+    """The composed path's rewards ``[R, T]`` in the compute dtype, KL-shaped where ``kl`` is given."""
+    r = c.float_rows(rewards)
+    if kl is None:
+        return r
+    return r - kl.coef * kl_estimate(c.float_rows(kl.log_probs), c.float_rows(kl.ref_log_probs), kl.estimator,
+                                     kl.clamp)
 
 
 def _whiten_options(whiten) -> dict | None:
@@ -107,10 +194,34 @@ _WHITEN_AUTOGRAD = ("whiten= writes the advantages in place and does not support
 
 
 def _whitening_call(c):
-    """Mark a call that whitens its advantages (raises where autograd needs gradients)."""
+    """Raise for a call that whitens its advantages where autograd needs gradients."""
     if c.needs_grad:
         raise ValueError(_WHITEN_AUTOGRAD)
+
+
+def _launch_whitened(bound, mask, options):
+    """``bound`` (a fused GAE call) with its advantages whitened in place over ``mask``'s
+    elements (all with None; the kernel reads it as its argument ``mask``). On the Triton
+    backend, for a call of this process alone: a bound call that ``launch_bound`` or the
+    signature's plan launches in two launches where the outputs allow (dense advantages, no
+    ``out=`` overlapping an input, rl_triton/core/whiten.py's ``scan_accepts``): the scan,
+    which also reduces the advantages it writes tile by tile into partial moments, then the
+    fold of those and the normalisation. Elsewhere the outputs of the scan's launch followed by
+    :func:`masked_whiten`."""
+    c, algo, _, _ = bound
+    if c.backend == "triton" and options.get("group") is None and c.chunk is None \
+            and not torch.compiler.is_compiling():
+        output, flag = algo.at.advantages, None if mask is None else "mask"
+
+        def run(args):
+            results = None if any(c.aliased) else whitening.scan_whitened(algo, args, c.rows, c.out, output, flag,
+                                                                          options)
+            return _whitened(c._launch(algo, args), mask, options, c.backend) if results is None else results
+
+        return bound._replace(reduce=Reduce(output, flag, functools.partial(whitening.scan_accepts, output),
+                                            whitening.whitener(output, options), run))
     c.plannable = False  # the call is more than its launch
+    return _whitened(launch_bound(bound, None), mask, options, c.backend)
 
 
 def _whitened(results, mask, options, backend):
@@ -124,7 +235,7 @@ def _whitened(results, mask, options, backend):
 
 
 
-def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, gamma, lmbda, backend, out,
+def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, gamma, lmbda, backend, out, kl,
                 **unsupported):
     if not isinstance(mask_mode, str) or mask_mode not in spec.MASK_MODES:
         raise ValueError(f"mask_mode must be one of {list(spec.MASK_MODES)}, got {mask_mode!r}")
@@ -142,21 +253,21 @@ def _masked_gae(c, rewards, values, mask, mask_mode, whiten, bootstrap_value, ga
     if c.empty:
         return _whitened(c.empty_outputs(), mask, options, None)
     if options is None:
-        return _masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l)
+        return _masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l, kl)
     _whitening_call(c)
-    results = _masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l)
+    results = _masked_gae_run(c, fused, rewards, values, mask, mask_mode, bootstrap_value, g, l, kl)
     if type(results) is Bound:
-        results = launch_bound(results, None)
+        return _launch_whitened(results, mask, options)
     return _whitened(results, mask, options, c.backend)
 
 
-def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l):
+def _masked_gae_run(c, fused, rewards, values, mask, mode, bootstrap_value, g, l, kl):
     if fused:
         return c.bind(spec.MASKED_GAE if mode == "skip" else spec.PADDED_GAE, rewards=c.view(rewards),
                       values=c.view(values), bootstrap_value=c.row_view(bootstrap_value), mask=c.view(mask),
-                      gamma=c.view(g), lmbda=c.view(l))
+                      gamma=c.view(g), lmbda=c.view(l), **_kl_args(c, kl))
     m = c.view(mask) != 0
-    r, v, boot = c.float_rows(rewards), c.float_rows(values), c.float_row(bootstrap_value)
+    r, v, boot = _shaped_rewards(c, rewards, kl), c.float_rows(values), c.float_row(bootstrap_value)
     if mode == "pad":
         v = torch.where(m, v, 0.0)
         ones = torch.ones_like(v)

@@ -123,14 +123,15 @@ class Rows:
         if x.device != self.device:
             raise ValueError(f"{name} is on {x.device} but {self.ref_name} is on {self.device}")
 
-    def value(self, x, name: str, *, shape=None) -> torch.Tensor:
-        """A float input of this call: same dtype and device, broadcastable to ``shape``."""
+    def value(self, x, name: str, *, shape=None, any_float: bool = False) -> torch.Tensor:
+        """A float input of this call: same dtype (any float dtype with ``any_float``) and device,
+        broadcastable to ``shape``."""
         if type(x) is torch.Tensor and x.dtype == self.dtype and x.shape == (self.shape if shape is None else shape) \
                 and x.device == self.device and x.layout == torch.strided:
             return x
         check_tensor(x, name)
         self._same_device(x, name)
-        if x.dtype != self.dtype:
+        if x.dtype != self.dtype and not any_float:
             raise TypeError(f"{name} has dtype {x.dtype} but {self.ref_name} has {self.dtype}; pass one float dtype")
         self._check_shape(x, name, shape)
         return x

@@ -80,13 +80,15 @@ def _resolve(backend: str, device: torch.device) -> str:
     return name
 
 
-def prepare(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, outs, edge: bool = False):
+def prepare(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, outs, edge: bool = False,
+            moments=None):
     """The backend's launch of ``algo`` for the signature of these ``[R, T]`` views (``args``:
     ``algo.Args``; ``outs``: output views), with ``launch(args, outs)``; ``edge``: a launch that
-    reports edge maps (spec.py)."""
+    reports edge maps (spec.py); ``moments``: a Triton launch that also reduces an output into
+    partial moments (``kernels.Launch``'s)."""
     if backend == "cpu":
         return cpu.Launch(algo, compute, args, outs, edge)
-    return _kernels().Launch(algo, args, outs)
+    return _kernels().Launch(algo, args, outs, moments=moments)
 
 
 def plan_forced() -> bool:

@@ -108,19 +108,23 @@ def run(fn, args: dict, *, reverse: bool, n_out: int = 1):
                                  f"{tuple(ref.shape)} on {ref.device}, like {ref_name}")
     seqs = Sequences(cu_seqlens, max_seqlen, n, ref.device, align_end=reverse,
                      tokens_of=f"{ref_name} has shape {tuple(ref.shape)}")
-    for name, x in args.items():
+    def padded(name, x):
         if not isinstance(x, torch.Tensor):
-            continue
+            return x
         if name in PER_SEQUENCE:
             if x.ndim != 1 or x.shape[0] != seqs.B:
                 raise ValueError(f"{name} must hold one value per sequence ([{seqs.B}]), got shape {tuple(x.shape)}")
-        elif x.ndim == 0:
-            continue  # a 0-d coefficient (gamma, lmbda) holds for every token, packed or not
-        elif x.shape[0] != n:
+            return x
+        if x.ndim == 0:
+            return x  # a 0-d coefficient (gamma, lmbda) holds for every token, packed or not
+        if x.shape[0] != n:
             raise ValueError(f"{name} must be packed like {ref_name} (dim 0 of {n} tokens), got shape "
                              f"{tuple(x.shape)}")
-        else:
-            args[name] = seqs.pad(x)
+        return seqs.pad(x)
+
+    for name, x in args.items():
+        # a dict argument (gae's kl) holds per-step tensors too
+        args[name] = {k: padded(f"{name}[{k!r}]", y) for k, y in x.items()} if isinstance(x, dict) else padded(name, x)
     results = fn(**args, time_dim=1)
     single = isinstance(results, torch.Tensor)
     results = tuple(seqs.unpad(y) for y in ((results,) if single else results))

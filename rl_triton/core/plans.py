@@ -60,6 +60,8 @@ def fingerprint(x):
         return t, x
     if t is tuple or t is list:
         return t, tuple([fingerprint(y) for y in x])
+    if t is dict:  # keyword options (``gae``'s ``whiten``), in their order
+        return t, tuple([(k, fingerprint(y)) for k, y in x.items()])
     raise Unkeyable
 
 
@@ -153,10 +155,27 @@ def cached(fn, launch_bound):
 class Bound(NamedTuple):
     """A validated fused call, ready to launch: ``call`` (rl_triton/core/call.py's ``Call``: the
     rows, outputs, backend, compute dtype and the checks a plan reruns), the algorithm of
-    spec.py, and its kernel arguments by name (``[R, T]`` views, ``[R]`` views, numbers, None)."""
+    spec.py, and its kernel arguments by name (``[R, T]`` views, ``[R]`` views, numbers, None);
+    ``reduce``: a :class:`Reduce`, or None."""
     call: object
     algo: object
     args: dict
+    reduce: object = None
+
+
+class Reduce(NamedTuple):
+    """A Triton launch that also reduces output ``output`` tile by tile into partial moments over
+    the steps where the argument named ``flag`` is nonzero (None: every step;
+    ``kernels.Launch``'s ``moments``), followed by ``finish(outputs, parts)`` (the whitening of
+    rl_triton/core/whiten.py). A plan keeps ``output``, ``flag``, ``accepts`` and ``finish``,
+    which hold no tensor of a call: ``accepts(launch, outputs)`` says whether a signature's
+    calls take this path (a plan of it is made), ``finish`` runs after each of its launches.
+    ``run(args)`` serves a call without a plan (its own tensors; ``args``: ``algo.Args``)."""
+    output: int
+    flag: str | None
+    accepts: object
+    finish: object
+    run: object
 
 
 class _Recorder:
@@ -169,10 +188,11 @@ class _Recorder:
         self.plan = None
         self.final = True  # False: this call's own tensors (aliasing) kept it from a plan
 
-    def build(self, algo, backend, compute, args, rows, given, checks, numbers):
+    def build(self, algo, backend, compute, args, rows, given, checks, numbers, reduce=None):
         """The plan of this fused call, or None where it has none: then its signature keeps none
         (``final``), unless it was this call's tensors sharing memory that hid where a view lies."""
-        plan = Plan.build(self.values, self.positional, algo, backend, compute, args, rows, given, checks, numbers)
+        plan = Plan.build(self.values, self.positional, algo, backend, compute, args, rows, given, checks, numbers,
+                          reduce)
         self.final = plan is not _AMBIGUOUS
         self.plan = None if plan is _AMBIGUOUS else plan
         return self.plan
@@ -218,10 +238,11 @@ class Plan:
     caller's tensors, how fresh outputs are made, and the prepared backend launch."""
 
     @classmethod
-    def build(cls, values, positional, algo, backend, compute, args, rows, given, checks, numbers):
+    def build(cls, values, positional, algo, backend, compute, args, rows, given, checks, numbers, reduce=None):
         """The plan of a fused call (``values``: its arguments by name, the first ``positional``
-        of them given by position; the rest as ``call.launch_bound`` has them); None where a kernel
-        view is no caller tensor's (a copy was made) or an output goes through a buffer, and
+        of them given by position; the rest as ``call.launch_bound`` has them; ``reduce``: a
+        :class:`Reduce` or None); None where a kernel view is no caller tensor's (a copy was
+        made), an output goes through a buffer or ``reduce`` does not accept the launch, and
         _AMBIGUOUS where several caller tensors hold a view."""
         sources = _sources(values)
         # per kernel tensor argument: (position, source position, byte offset, shape, strides,
@@ -235,7 +256,7 @@ class Plan:
                 k, offset = where
                 slots.append((pos, k, offset, tuple(x.shape), x.stride(), _seen(sources[k][1], offset, x)))
         out_dtype = launch.output_dtype(backend, compute, rows.dtype)
-        outputs, views = [], []
+        outputs, views, made = [], [], []
         for i, out in enumerate(given):
             fresh = out is None
             if fresh:
@@ -255,6 +276,7 @@ class Plan:
                 make = functools.partial(_new_output, tuple(out.shape), out.stride(), out.dtype, out.device)
             outputs.append((make, i, offset, shape, strides, seen))
             views.append(view)
+            made.append(out)
         plan = cls()
         plan.positional = positional
         plan.sources = [loc for loc, _ in sources]
@@ -269,13 +291,18 @@ class Plan:
         plan.outputs = outputs
         plan.checks = checks
         plan.numbers = numbers
-        plan.launch = launch.prepare(algo, backend, compute, args, views)
+        plan.launch = launch.prepare(algo, backend, compute, args, views,
+                                     moments=None if reduce is None else (reduce.output, reduce.flag))
+        if reduce is not None and not reduce.accepts(plan.launch, made):
+            return None
+        plan.reduce = None if reduce is None else (reduce.output, reduce.finish)
         plan.pointers = launch.pointer_launches(backend)
         plan.hit = None  # the generated hit path (``_generate``), after a first launch
-        plan.can_generate = plan.pointers or backend == "cpu"
+        # a reducing launch runs through ``execute`` (which allocates the partials and finishes)
+        plan.can_generate = (plan.pointers or backend == "cpu") and reduce is None
         plan.algo = algo.name
         plan.device = rows.device
-        plan.graphable = graphs.eligible(plan)
+        plan.graphable = graphs.eligible(plan) and reduce is None
         # numba reads numpy arrays: the sources its arguments come from are converted once each
         # (numpy has no bfloat16; tensors that require grad stay tensors, detached by the backend)
         plan.arrays = [k for k in sorted({slot[1] for slot in slots}) if sources[k][1].dtype != torch.bfloat16
@@ -333,6 +360,8 @@ class Plan:
         if prepared is None:
             return None
         sources, outs, views = prepared
+        if self.reduce is not None:
+            return self._reducing(sources, outs, views)
         if self.pointers:
             if self.launch.launch_direct(self.data_pointers(sources, outs)):
                 if self.can_generate and self.hit is None:
@@ -433,6 +462,15 @@ class Plan:
     def _launch(self, sources, outs, views):
         """Launch on views of the caller's tensors (numpy arrays for numba)."""
         self.launch.launch(*self.kernel_views(sources, outs, views))
+
+    def _reducing(self, sources, outs, views):
+        """The launch that reduces an output into partial moments (``Reduce``), then its finish."""
+        output, finish = self.reduce
+        parts = torch.empty(self.launch.tiles, 3, dtype=torch.float64, device=self.device)
+        if not (self.pointers and self.launch.launch_direct(self.data_pointers(sources, outs), parts.data_ptr())):
+            self.launch.launch(*self.kernel_views(sources, outs, views), parts)
+        finish(outs, parts)
+        return outs[0] if self.single else tuple(outs)
 
     def kernel_views(self, sources, outs, views):
         """The kernel's arguments and output views on the caller's tensors (numpy arrays for

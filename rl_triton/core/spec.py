@@ -56,6 +56,16 @@ NV_EXPLICIT, NV_IMPLIED, NV_EXPLICIT_EDGE = 0, 1, 2
 DONE_ARRAY, DONE_TERM_OR_TRUNC, DONE_OBS_ALIGNED = 0, 1, 2
 # how Retrace's expected next value is read: given, or summed over next_pi * next_q
 EV_GIVEN, EV_PAIRS = 0, 1
+# KL shaping of the rewards inside GAE (docs/semantics.md, section 13.1): the two log-prob tensors,
+# then the KL coefficient (a number) in the slot of the estimator chosen (the others None, so that
+# Triton compiles each estimator apart, from which slot is present), the clamp of the estimate (a
+# number, None: none), and the numba kernels' mode integer (kl_mode: KL_NONE, or the estimator's
+# number, 1 + its index in KL_ESTIMATORS, plus KL_CLAMPED where a clamp is given). The numbers are
+# "f2" coefficients, so that a float64 call reads them exactly; the numba kernels read them once.
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+KL = (Arg("log_probs", "f2"), Arg("ref_log_probs", "f2"), *(Arg(f"kl_{e}", "f2") for e in KL_ESTIMATORS),
+      Arg("kl_clamp", "f2"), Arg("kl_mode", "i"))
+KL_NONE, KL_CLAMPED = 0, 8
 # how a token mask acts (docs/semantics.md, section 13), each its own algorithm: masked steps are
 # skipped in time (verl), or their rewards and values read as 0 (TRL, OpenRLHF)
 MASK_MODES = ("skip", "pad")
@@ -74,6 +84,8 @@ def _modes(kw: dict) -> dict:
         NV_EXPLICIT if kw.get("bootstrap_value") is None else NV_EXPLICIT_EDGE,
         "done_mode": done_mode,
         "ev_mode": EV_GIVEN if kw.get("next_expected_q") is not None else EV_PAIRS,
+        "kl_mode": next((k + 1 + (KL_CLAMPED if kw.get("kl_clamp") is not None else 0)
+                         for k, e in enumerate(KL_ESTIMATORS) if kw.get(f"kl_{e}") is not None), KL_NONE),
     }
 
 
@@ -130,7 +142,7 @@ def _f2(*names):
 GAE = Algorithm(
     "gae",
     (*_f2("rewards", "values"), Arg("carry", "f1"), *_f2("next_values"), Arg("bootstrap_value", "f1"), *FLAGS,
-     *_f2("gamma", "lmbda"), Arg("nv_mode", "i"), Arg("done_mode", "i")),
+     *_f2("gamma", "lmbda"), Arg("nv_mode", "i"), Arg("done_mode", "i"), *KL),
     ("advantages", "value_targets"), reverse=True, carry="A[T]")
 
 TD_LAMBDA_RETURN = Algorithm(
@@ -165,7 +177,7 @@ RETRACE = Algorithm(
 MASKED_GAE = Algorithm(
     "masked_gae",
     (*_f2("rewards", "values"), Arg("mask", "u2"), Arg("bootstrap_value", "f1"), Arg("carry", "f1"),
-     *_f2("gamma", "lmbda")),
+     *_f2("gamma", "lmbda"), *KL),
     ("advantages", "value_targets"), reverse=True, pair=True,
     carry="A[T]; bootstrap_value carries the first state, the value of the next unmasked step",
     hands="(V of the first unmasked step, A[0])")
@@ -174,7 +186,7 @@ MASKED_GAE = Algorithm(
 PADDED_GAE = Algorithm(
     "padded_gae",
     (*_f2("rewards", "values"), Arg("mask", "u2"), Arg("bootstrap_value", "f1"), Arg("carry", "f1"),
-     *_f2("gamma", "lmbda")),
+     *_f2("gamma", "lmbda"), *KL),
     ("advantages", "value_targets"), reverse=True, carry="A[T]")
 
 # V-trace's advantage vs - v on arrival-aligned rows (PufferLib's buffers): rewards[t] and done[t]

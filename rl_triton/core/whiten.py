@@ -15,6 +15,7 @@ instead of an exception. Semantics: docs/semantics.md.
 
 from __future__ import annotations
 
+import functools
 import math
 from numbers import Real
 
@@ -243,51 +244,128 @@ def _local_moments(x: torch.Tensor, mask: torch.Tensor | None):
     return n, mean, (dev * dev).sum()
 
 
-# the three compiled kernels of a whitening specialisation (dtypes, options, Triton's
+# the two compiled kernels of a whitening specialisation (dtypes, options, Triton's
 # specialisation of pointers and sizes), launched from data pointers after the first call
 _WHITEN_KERNELS: dict = {}
 
 
 def _fused(x, mask, y, unbiased, shift_mean, scale, eps, eps_mode):
     """Whiten contiguous ``x`` into ``y`` (which may be ``x``) with the Triton kernels of
-    rl_triton/core/kernels/moments.py: block partials, their fold, the normalisation. The first
-    call of a specialisation goes through Triton's dispatch; later ones call the compiled
-    kernels' launchers with data pointers (Triton's dispatch costs tens of microseconds a launch)."""
-    from . import kernels
+    rl_triton/core/kernels/moments.py: the partials ``(n, mean, M2)``, then their fold and the
+    normalisation in one launch. The first call of a specialisation goes through Triton's
+    dispatch; later ones call the compiled kernels' launchers with data pointers (Triton's
+    dispatch costs tens of microseconds a launch)."""
+    from .kernels import moments as k
+
+    flat = x.view(-1)
+    valid = None if mask is None else mask.view(-1)
+    n = flat.numel()
+    P = max(1, min(-(-n // k.BLOCK), k.MAX_PARTS))
+    parts = torch.empty(P, 3, dtype=torch.float64, device=x.device)
+    m = flat if valid is None else valid
+    ptrs = [t.data_ptr() for t in (flat, m, parts)]
+    # what Triton specialises the kernel on: dtypes, pointers' 16-byte alignment, sizes divisible
+    # by 16, equal to 1 or past int32
+    key = ("moments", x.dtype, None if valid is None else valid.dtype, tuple(p % 16 == 0 for p in ptrs), n % 16 == 0,
+           n == 1, n >= 1 << 31, x.device)
+    _launch(key, k.moments_kernel, (P,), (flat, m, parts, n), (valid is not None, k.BLOCK))
+    normalize(x, y, parts, unbiased, shift_mean, scale, eps, eps_mode)
+
+
+def normalize(x, y, parts, unbiased, shift_mean, scale, eps, eps_mode):
+    """``y = (x - mean) * rstd`` (plus ``mean`` where not ``shift_mean``) for contiguous ``x``
+    and ``y`` (which may be ``x``), the statistics folded from ``parts`` (a contiguous float64
+    ``[P, 3]`` of partials ``(n, mean, M2)``, rl_triton/core/kernels/moments.py) by every
+    program of one Triton launch (:func:`masked_whiten`'s options)."""
     from .kernels import moments as k
 
     flat, out = x.view(-1), y.view(-1)
-    valid = None if mask is None else mask.view(-1)
-    n = flat.numel()
-    parts = torch.empty(max(1, -(-n // k.BLOCK)), 3, dtype=torch.float64, device=x.device)
-    stats = torch.empty(2, dtype=torch.float64, device=x.device)
-    P = parts.shape[0]
-    m = flat if valid is None else valid
-    ptrs = [t.data_ptr() for t in (flat, m, parts, stats, out)]
-    # each launch: grid, runtime arguments, compile-time arguments (in the kernels' order)
-    calls = (
-        ((P,), (ptrs[0], ptrs[1], ptrs[2], n), (valid is not None, k.BLOCK)),
-        ((1,), (ptrs[2], ptrs[3], P, *_float32_pair(eps)), (unbiased, scale, eps_mode == "clamp", eps_mode == "std", k.FOLD_BLOCK)),
-        ((P,), (ptrs[0], ptrs[4], ptrs[3], n), (not shift_mean, k.BLOCK)),
-    )
-    # what Triton specialises the kernels on: dtypes, the compile-time arguments, pointers' 16-byte
-    # alignment, sizes divisible by 16, equal to 1 or past int32
-    key = (x.dtype, None if valid is None else valid.dtype, unbiased, scale, eps_mode, shift_mean,
-           tuple(p % 16 == 0 for p in ptrs), n % 16 == 0, n == 1, n >= 1 << 31, P % 16 == 0, P == 1, x.device)
+    n, P = flat.numel(), parts.shape[0]
+    G = max(1, min(-(-n // k.BLOCK), k.MAX_PROGRAMS))
+    ptrs = [t.data_ptr() for t in (flat, out, parts)]
+    key = ("whiten", x.dtype, unbiased, scale, eps_mode, shift_mean, tuple(p % 16 == 0 for p in ptrs), n % 16 == 0,
+           n == 1, n >= 1 << 31, P % 16 == 0, P == 1, x.device)
+    _launch(key, k.whiten_kernel, (G,), (flat, out, parts, n, P, *_float32_pair(eps)),
+            (unbiased, scale, eps_mode == "clamp", eps_mode == "std", not shift_mean, k.FOLD_BLOCK, k.BLOCK))
+
+
+def _launch(key, kernel, grid, args, constexprs):
+    """``kernel[grid](*args, *constexprs)``: from data pointers through the compiled kernel kept
+    under ``key`` where there is one, else through Triton's dispatch (which compiles or finds
+    it), keeping what it returns."""
+    from . import kernels
+
+    device = args[0].device
     compiled = _WHITEN_KERNELS.get(key)
-    if compiled is not None and kernels.direct_launch_ok(x.device):
-        stream = kernels.current_stream(x.device)
-        for kernel, (grid, args, constexprs) in zip(compiled, calls):
-            kernels.launch_compiled(kernel, grid[0], 1, stream, *args, *constexprs)
+    if compiled is not None and kernels.direct_launch_ok(device):
+        args = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        kernels.launch_compiled(compiled, grid[0], 1, kernels.current_stream(device), *args, *constexprs)
         return
-    compiled = (
-        k.moments_kernel[(P,)](flat, m, parts, n, HAS_MASK=valid is not None, BLOCK=k.BLOCK),
-        k.fold_kernel[(1,)](parts, stats, P, *_float32_pair(eps), UNBIASED=unbiased, SCALE=scale, CLAMP=eps_mode == "clamp",
-                            STD=eps_mode == "std", FOLD_BLOCK=k.FOLD_BLOCK),
-        k.normalize_kernel[(P,)](flat, out, stats, n, SHIFT_BACK=not shift_mean, BLOCK=k.BLOCK),
-    )
-    if all(kernels.launchable(c) for c in compiled):
+    compiled = kernel[grid](*args, *constexprs)
+    if kernels.launchable(compiled):
         _WHITEN_KERNELS[key] = compiled
+
+
+# partials a scan may leave for whiten_kernel's fold (each of its programs reads them all);
+# a scan of more tiles launches plainly and masked_whiten follows
+MAX_SCAN_PARTS = 2048
+
+
+def scan_whitened(algo, args, rows, given, output: int, flag: str | None, options: dict):
+    """The Triton launch of ``algo`` (a spec.py algorithm) on its ``[R, T]`` arguments ``args``,
+    writing the outputs in the caller's layout (``given``: the caller's tensors or None, as
+    ``rows.output`` takes them), then output ``output`` whitened in place as :func:`masked_whiten`
+    with ``options`` (its keywords, no group) whitens it over the steps where the argument
+    ``flag`` is nonzero (None: every step): two launches, the scan reducing that output tile by
+    tile into partials ``(n, mean, M2)`` as it writes it, then :func:`normalize`. None, nothing
+    launched, where the outputs have no ``[R, T]`` view or :func:`scan_accepts` does not accept
+    the launch: the caller then launches plainly. A call plan does the same from data pointers
+    (rl_triton/core/plans.py, ``Reduce``)."""
+    from . import kernels
+
+    outs = [rows.output(o) for o in given]
+    if any(view is None for _, view in outs):
+        return None
+    tensors, views = [out for out, _ in outs], [view for _, view in outs]
+    launch = kernels.Launch(algo, args, views, moments=(output, flag))
+    if not scan_accepts(output, launch, tensors):
+        return None
+    parts = torch.empty(launch.tiles, 3, dtype=torch.float64, device=tensors[0].device)
+    launch.launch(args, views, parts)
+    whitener(output, options)(tensors, parts)
+    return tuple(tensors)
+
+
+def scan_accepts(output: int, launch, outputs) -> bool:
+    """Whether the scan ``launch`` (``kernels.Launch`` with ``moments``) and its outputs in the
+    caller's layout take :func:`scan_whitened`'s path: at most ``MAX_SCAN_PARTS`` tiles, and
+    the whitened output dense (its elements filling its memory, in any order of its dims)."""
+    return launch.tiles <= MAX_SCAN_PARTS and _dense_flat(outputs[output]) is not None
+
+
+def whitener(output: int, options: dict):
+    """``finish(outputs, parts)``: output ``output`` (dense) whitened in place with the
+    statistics of the partials ``parts`` (:func:`normalize`), ``options`` being
+    :func:`masked_whiten`'s keywords (no group)."""
+    eps = check_whiten_options(**options)
+    return functools.partial(_whiten_output, output=output, unbiased=options.get("unbiased", True),
+                             shift_mean=options.get("shift_mean", True), scale=options.get("scale", True), eps=eps,
+                             eps_mode=options.get("eps_mode", "add"))
+
+
+def _whiten_output(outputs, parts, output, unbiased, shift_mean, scale, eps, eps_mode):
+    flat = _dense_flat(outputs[output])
+    normalize(flat, flat, parts, unbiased, shift_mean, scale, eps, eps_mode)
+
+
+def _dense_flat(x: torch.Tensor) -> torch.Tensor | None:
+    """A 1-D view of the memory of ``x`` where its elements fill it without gaps (contiguous in
+    some order of its dims), else None."""
+    if x.is_contiguous():
+        return x.view(-1)
+    order = sorted(range(x.ndim), key=lambda d: x.stride(d), reverse=True)
+    permuted = x.permute(order)
+    return permuted.view(-1) if permuted.is_contiguous() else None
 
 
 def _float32_pair(value: float) -> tuple[float, float]:

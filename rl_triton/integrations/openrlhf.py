@@ -20,6 +20,13 @@ rewards and values by the mask and runs its loops over the whole row with V = 0 
 over the masked rewards (selected, not multiplied: the same for finite inputs). Its
 normalisation is ``rl_triton.masked_whiten(unbiased=False, eps_mode="clamp")`` over all
 experiences at once. Like OpenRLHF's methods, everything runs under ``torch.no_grad()``.
+
+With the KL penalty in the reward (``--algo.kl.use_loss`` off), OpenRLHF computes the per-token KL
+in ``make_experience``, keeps it for its metrics and subtracts it in ``compute_reward`` before
+``get_advantages_and_returns``; ``compute_reward_advantages_and_returns`` does the last two with
+the KL estimate formed inside the fused scan (docs/semantics.md section 13.1), for a loop that
+calls them itself. ``patch()`` leaves that path to OpenRLHF: the KL it reads was computed and
+stored before the methods it replaces run (docs/openrlhf.md, "KL in the reward").
 """
 
 from __future__ import annotations
@@ -32,8 +39,8 @@ import torch
 from .. import discounted_return, gae, masked_whiten
 from ._patching import PatchState, requires_framework
 
-__all__ = ["get_advantages_and_returns", "get_cumulative_returns", "is_patched", "normalize_advantages", "patch",
-           "patched", "unpatch"]
+__all__ = ["compute_reward_advantages_and_returns", "get_advantages_and_returns", "get_cumulative_returns",
+           "is_patched", "normalize_advantages", "patch", "patched", "unpatch"]
 
 _MODULE = "openrlhf.trainer.ppo_utils.experience_maker"
 _CLASS = "RemoteExperienceMaker"
@@ -117,6 +124,66 @@ def get_cumulative_returns(rewards, action_mask, gamma):
         keep = mask if mask.dtype == torch.bool else mask != 0
         rewards = torch.where(keep, rewards, 0.0)
     return discounted_return(rewards, gamma=gamma)
+
+
+KL_ESTIMATORS = ("k1", "k2", "k3")  # OpenRLHF's --algo.kl.estimator
+KL_CLAMP = 10.0  # OpenRLHF clamps every estimate to [-10, 10]
+
+
+@torch.no_grad()
+def compute_reward_advantages_and_returns(r, kl_coef, action_log_probs, base_action_log_probs, values,
+                                          action_mask, gamma, lambd, kl_estimator="k1", reward_clip_range=None):
+    """OpenRLHF's ``compute_approx_kl``, ``compute_reward`` and ``get_advantages_and_returns`` in
+    one fused scan: ``(advantages, returns)``.
+
+    With d = action_log_probs - base_action_log_probs, kl = the estimate ``kl_estimator`` of d
+    clamped to [-10, 10] (docs/semantics.md section 13.1) and c = max(kl_coef, 0), the rewards are
+    ``r[i]`` (clipped to ``reward_clip_range`` where given) at each row's last action token, minus
+    ``c * kl[t]`` at every token; then :func:`get_advantages_and_returns` on them:
+    ``rl_triton.gae(mask=action_mask, mask_mode="pad", kl=...)``. A row without an action token
+    takes its score at the last position, as OpenRLHF's index search gives.
+
+    The estimate and the shaped rewards are formed in float32, as OpenRLHF's (in float64 where
+    the values are float64); the outputs have the promoted dtype of float32, the values and a
+    float mask.
+
+    Args:
+        r: one score per response, a ``(batch,)`` float tensor.
+        kl_coef: the KL coefficient (``self.kl_ctl.value``), a number; a value <= 0 counts as 0.
+        action_log_probs: the policy's log-probabilities of the action tokens, ``(batch, num_actions)``,
+            any float dtype.
+        base_action_log_probs: the reference model's, as ``action_log_probs``.
+        values: ``V[t]``, a ``(batch, num_actions)`` float tensor.
+        action_mask: a tensor of the values' shape (0/1: bool, integer or float), nonzero on the action
+            tokens.
+        gamma: the discount, a number or a tensor in [0, 1].
+        lambd: the GAE lambda, a number or a tensor in [0, 1].
+        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (``--algo.kl.estimator``); another raises ValueError.
+        reward_clip_range: None, or ``(low, high)`` that the scores are clamped to (``--reward.clip_range``).
+    """
+    _check_tensor(values, "values")
+    if not isinstance(r, torch.Tensor) or r.ndim != 1 or r.shape[0] != values.shape[0]:
+        raise ValueError(f"r must be a ({values.shape[0]},) tensor of one score per response, got "
+                         f"{type(r).__name__ if not isinstance(r, torch.Tensor) else tuple(r.shape)}")
+    if action_mask is None:
+        raise TypeError("action_mask must be a tensor: the score goes to each row's last action token")
+    mask = _check_mask(action_mask, values)
+    if not isinstance(kl_estimator, str) or kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {list(KL_ESTIMATORS)}, got {kl_estimator!r}")
+    if isinstance(kl_coef, bool) or not isinstance(kl_coef, (int, float)):
+        raise TypeError(f"kl_coef must be a number, got {type(kl_coef).__name__}")
+    if reward_clip_range:
+        r = r.clamp(min=reward_clip_range[0], max=reward_clip_range[1])
+    T = mask.shape[1]
+    last = T - 1 - (mask != 0).long().fliplr().argmax(dim=1, keepdim=True)
+    rewards = torch.zeros(values.shape, dtype=torch.float32, device=values.device)
+    rewards.scatter_(1, last, r.unsqueeze(1).to(torch.float32))
+    dtype = torch.promote_types(values.dtype, torch.float32)
+    if mask.is_floating_point():  # OpenRLHF multiplies by it
+        dtype = torch.promote_types(dtype, mask.dtype)
+    kl = dict(log_probs=action_log_probs, ref_log_probs=base_action_log_probs, coef=max(float(kl_coef), 0.0),
+              estimator=kl_estimator, clamp=KL_CLAMP)
+    return gae(rewards.to(dtype), values.to(dtype), mask=mask, mask_mode="pad", gamma=gamma, lmbda=lambd, kl=kl)
 
 
 def _as_list(x, name: str):

@@ -12,6 +12,18 @@ or without patching, with verl's signatures (verl itself need not be installed):
                                                         gamma=1.0, lam=0.95)
     adv, _ = rt_verl.compute_grpo_outcome_advantage(token_level_rewards, response_mask, index=uids)
 
+and, for a trainer with ``algorithm.use_kl_in_reward``, verl's ``apply_kl_penalty`` and GAE in one
+fused scan (the KL estimate formed inside it, docs/semantics.md section 13.1)::
+
+    adv, returns = rt_verl.compute_gae_advantage_return_with_kl(
+        token_level_scores, values, response_mask, old_log_probs, ref_log_prob,
+        kl_coef=kl_ctrl.value, kl_penalty="low_var_kl", gamma=1.0, lam=0.95)
+
+``patch()`` does not route ``apply_kl_penalty`` here: verl applies the penalty in the trainer's
+``fit()``, apart from the estimator call, and keeps the shaped ``token_level_rewards`` and the
+KL metric (which needs the per-token estimate) for later steps, so deferring it would change what
+the trainer records (docs/verl.md, "KL in the reward").
+
 ``patch()`` sets the module attributes of ``verl.trainer.ppo.core_algos`` named in
 ``ESTIMATORS`` (verl's trainer calls GAE and GRPO through them) and the entries of
 ``ADV_ESTIMATOR_REGISTRY`` under those names (every other estimator is reached through
@@ -47,6 +59,7 @@ __all__ = [
     "ESTIMATORS",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
+    "compute_gae_advantage_return_with_kl",
     "compute_grpo_vectorized_outcome_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
@@ -153,6 +166,70 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
         dtype = _promoted(r.dtype, v.dtype, m.dtype)
         _require_two_valid(m)
         return gae(_as(r, dtype), _as(v, dtype), mask=m, mask_mode="skip", gamma=gamma, lmbda=lam, whiten=True)
+
+
+# verl's kl_penalty names (core_algos.kl_penalty_forward) -> rl_triton's estimators; a trailing
+# "+" (verl's straight-through gradient variants) leaves the values unchanged
+KL_PENALTIES = types.MappingProxyType({"kl": "k1", "k1": "k1", "abs": "abs", "mse": "k2", "k2": "k2",
+                                       "low_var_kl": "k3", "k3": "k3"})
+
+
+class _UnknownKLPenalty(ValueError, NotImplementedError):
+    """A ``kl_penalty`` verl does not compute: a ValueError that an ``except NotImplementedError``
+    (verl raises that for "full" and unknown names) also catches."""
+
+
+def _kl_estimator(kl_penalty) -> str:
+    base = kl_penalty[:-1] if isinstance(kl_penalty, str) and kl_penalty.endswith("+") else kl_penalty
+    if not isinstance(base, str) or base not in KL_PENALTIES:
+        raise _UnknownKLPenalty(f"kl_penalty must be one of {sorted(KL_PENALTIES)} (a trailing '+' allowed), got "
+                                f"{kl_penalty!r}; verl computes no other ('full' raises NotImplementedError there)")
+    return KL_PENALTIES[base]
+
+
+@documented(
+    _ARGS,
+    token_level_scores=("``[bs, response_length]`` float tensor of the reward model's per-token scores, before the "
+                        "KL penalty (verl's ``data.batch[\"token_level_scores\"]``)."),
+    values="``V[t]``, ``[bs, response_length]``, a float tensor.",
+    old_log_probs="log-probabilities of the response tokens under the rollout policy, ``[bs, response_length]``, "
+                  "any float dtype (verl's ``data.batch[\"old_log_probs\"]``).",
+    ref_log_prob="the reference policy's, as ``old_log_probs`` (verl's ``data.batch[\"ref_log_prob\"]``).",
+    kl_coef="the KL coefficient beta, a finite number (verl's ``kl_ctrl.value``).",
+    kl_penalty=("verl's ``algorithm.kl_penalty``: ``\"kl\"``/``\"k1\"``, ``\"abs\"``, ``\"mse\"``/``\"k2\"``, "
+                "``\"low_var_kl\"``/``\"k3\"``, each with an optional trailing ``+``; another name raises "
+                "ValueError (also a NotImplementedError, as in verl)."),
+    gamma="the discount: a number or a tensor in [0, 1].",
+    lam="the GAE lambda: a number or a tensor in [0, 1].",
+)
+def compute_gae_advantage_return_with_kl(token_level_scores, values, response_mask, old_log_probs, ref_log_prob,
+                                         kl_coef, kl_penalty="kl", gamma=1.0, lam=1.0):
+    """verl's ``apply_kl_penalty`` followed by its GAE (:func:`compute_gae_advantage_return`), in one
+    fused scan: ``(advantages, returns)``.
+
+    ``rl_triton.gae(scores, values, mask=response_mask, mask_mode="skip", gamma=gamma, lmbda=lam,
+    whiten=True, kl=dict(log_probs=old_log_probs, ref_log_probs=ref_log_prob, coef=kl_coef,
+    estimator=...))``: the rewards are ``token_level_scores - kl_coef * kld`` with verl's estimate
+    kld of ``old_log_probs - ref_log_prob`` (docs/semantics.md section 13.1), read only on the
+    response tokens, as verl multiplies kld by the mask; then verl's skip-masked GAE and whitening.
+
+    Computed in the promoted dtype of the scores, values, mask and log-probs, as verl's tensors
+    promote (the estimate in float32 for 16- and 32-bit inputs, where verl forms it in the
+    log-probs' dtype). The KL metric and the adaptive controller's update that verl's
+    ``apply_kl_penalty`` also makes stay the caller's. Fewer than two valid tokens in the batch
+    raise ``ValueError``.
+    """
+    with torch.no_grad():
+        estimator = _kl_estimator(kl_penalty)
+        r = _tensor(token_level_scores, "token_level_scores")
+        v = _tensor(values, "values")
+        m = _tensor(response_mask, "response_mask")
+        lp = _tensor(old_log_probs, "old_log_probs")
+        ref = _tensor(ref_log_prob, "ref_log_prob")
+        dtype = _promoted(r.dtype, v.dtype, m.dtype, lp.dtype, ref.dtype)
+        _require_two_valid(m)
+        kl = dict(log_probs=lp, ref_log_probs=ref, coef=kl_coef, estimator=estimator)
+        return gae(_as(r, dtype), _as(v, dtype), mask=m, mask_mode="skip", gamma=gamma, lmbda=lam, whiten=True, kl=kl)
 
 
 def _grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, compute_dtype=None):

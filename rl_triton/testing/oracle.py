@@ -39,6 +39,7 @@ __all__ = [
     "gae_masked",
     "group_advantages",
     "implied_next_values",
+    "kl_shaped_rewards",
     "masked_moments",
     "masked_whiten",
     "retrace",
@@ -167,6 +168,41 @@ def gae_masked(rewards, values, mask, gamma, lmbda, mode="skip", bootstrap=None)
                 adv[i, t] = a
                 tgt[i, t] = a + vv[t]
     return adv, tgt
+
+
+@_ieee
+def kl_shaped_rewards(rewards, log_probs, ref_log_probs, coef, estimator="k1", clamp=None):
+    """The KL-shaped rewards of docs/semantics.md, section 13.1: r[t] - coef*kl[t] with
+    d = log_probs - ref_log_probs and kl = d (k1), d*d/2 (k2), min(exp(q) - q - 1, 10) with
+    q = -d clipped to [-20, 20] (k3), |d| (abs), then clipped to [-clamp, clamp] where clamp is
+    given. NaN stays NaN (the clips keep it)."""
+    r, lp, ref = _f(rewards), _f(log_probs), _f(ref_log_probs)
+    R, T = r.shape
+    out = np.zeros((R, T))
+
+    def clip(x, lo, hi):
+        if math.isnan(x):
+            return x
+        return lo if x < lo else hi if x > hi else x
+
+    for i in range(R):
+        for t in range(T):
+            d = float(lp[i, t]) - float(ref[i, t])
+            if estimator == "k1":
+                kl = d
+            elif estimator == "k2":
+                kl = d * d / 2.0
+            elif estimator == "k3":
+                q = clip(-d, -20.0, 20.0)
+                kl = clip(math.exp(q) - q - 1.0, -math.inf, 10.0) if not math.isnan(q) else q
+            elif estimator == "abs":
+                kl = abs(d)
+            else:
+                raise ValueError(f"unknown estimator {estimator!r}")
+            if clamp is not None:
+                kl = clip(kl, -clamp, clamp)
+            out[i, t] = r[i, t] - coef * kl
+    return out
 
 
 @_ieee

@@ -46,6 +46,11 @@ except ImportError:  # CPU-only installs without triton still work on the other 
 
 TILE = 512
 MAX_SEGMENTS = 1024
+# The time-major regime (:func:`time_major_plan`) for launches whose rows lie closer together
+# than their steps: off until its device time is measured on an H200 (benchmarks/time_major.py
+# times it). ``forced_plan(time_major=1)`` turns it on for one block, this switch for every
+# launch planned after it is set (call plans keep theirs: ``plans.clear()``).
+TIME_MAJOR_REGIME = False
 _forced: dict = {}
 
 
@@ -211,6 +216,7 @@ def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: b
     """The launch of ``algo`` on R rows of T steps, cached per shape class; ``exact_outputs``:
     the outputs hold the accumulation dtype (an epilogue may then read y back from them);
     ``time_major``: the rows lie closer together than the steps (:func:`time_major_plan`)."""
+    time_major = time_major and TIME_MAJOR_REGIME
     key = (algo.name, R, T, acc64, reverse, streams, device, exact_outputs, time_major)
     config = None if _forced else _launches.get(key)
     if config is None:
@@ -303,9 +309,15 @@ class Launch:
     ``launch(args, outs)`` runs it on views (going through Triton's dispatch the first time a
     specialisation is met); ``launch_direct(ptrs)`` on the data pointers of the tensor arguments
     in order (``tensor_slots``) and then the outputs', calling the compiled kernel's launcher
-    directly, or returns False when no kernel is compiled yet for their alignment."""
+    directly, or returns False when no kernel is compiled yet for their alignment.
 
-    def __init__(self, algo: spec.Algorithm, args, outs):
+    ``moments=(k, flag)``: the launch also reduces output ``k`` tile by tile into partial
+    moments (the engine's ``moments``), counting the steps where the flag argument named
+    ``flag`` is nonzero (None: every step); ``tiles`` partials, written to the contiguous
+    float64 ``[tiles, 3]`` tensor (16-byte aligned, as torch allocates) that ``launch`` and
+    ``launch_direct`` then take as ``parts``."""
+
+    def __init__(self, algo: spec.Algorithm, args, outs, moments=None):
         ref = args[0]
         R, T = ref.shape[:2]
         acc64 = ref.dtype == torch.float64
@@ -313,7 +325,9 @@ class Launch:
         reverse = algo.reverse if algo.reverse is not None else bool(args.reverse)
         streams = sum(isinstance(args[i], torch.Tensor) for i in algo.streams)
         exact = all(o.dtype == (torch.float64 if acc64 else torch.float32) for o in outs)
-        config = self.config = _launch_config(algo, R, T, acc64, reverse, streams, device, exact, is_time_major(ref))
+        # the WALK regime reduces no moments: a launch that does keeps the lane regime's plan
+        config = self.config = _launch_config(algo, R, T, acc64, reverse, streams, device, exact,
+                                              is_time_major(ref) and moments is None)
         if algo.has_flags and args.terminated is not None and args.terminated is args.done:
             args = args._replace(terminated=None)  # done alone: every done a termination
         kinds = algo.kinds + ("f2",) * len(outs)
@@ -343,32 +357,39 @@ class Launch:
         self.tails = tuple((slot, (0, 0) if slot in self.constants else templates[slot]) for slot in self.tensor_slots)
         self.device_index = device.index if device.type == "cuda" else None
         self.pair = algo.pair
+        self.moments = None if moments is None else (moments[0], None if moments[1] is None else
+                                                     algo.names.index(moments[1]))
+        self.tiles = config.grid[0] * _cdiv(T, config.block_t)
 
     def _key(self, aligned):
         keys = list(self.keys)
         for slot, a in zip(self.tensor_slots, aligned):
             if slot not in self.constants:
                 keys[slot] = (*keys[slot], a)
-        return (self.config.key, tuple(keys), self.runtime, self.wide)
+        return (self.config.key, tuple(keys), self.runtime, self.wide, self.moments)
 
-    def launch(self, args, outs) -> None:
+    def launch(self, args, outs, parts=None) -> None:
         """Launch on views of this signature (``args``: the algorithm's arguments, ``outs``:
-        output views); the tensors are handed to Triton's dispatch where no kernel is compiled."""
+        output views; ``parts``: see the class); the tensors are handed to Triton's dispatch
+        where no kernel is compiled."""
         tensors = self._tensors(args, outs)
         ptrs = [t.data_ptr() for t in tensors]
-        if self.launch_direct(ptrs):
+        if self.launch_direct(ptrs, None if parts is None else parts.data_ptr()):
             return
         engine_args = self._with_tensors(tensors)
+        moments = self._moments(*engine_args, parts)
         ws = self._workspace(tensors[0])
         with self._on_device():
-            compiled = [_dispatch(self.config, engine_args, ws, self.runtime, phase, self.idx) for phase in self.phases]
+            compiled = [_dispatch(self.config, engine_args, ws, self.runtime, phase, self.idx, moments=moments)
+                        for phase in self.phases]
         if all(_launchable(k) for k in compiled):
             aligned = tuple(p % 16 == 0 for p in ptrs)
             _compiled[self._key(aligned)] = self.kernels[aligned] = compiled
 
-    def launch_direct(self, ptrs) -> bool:
-        """Launch on the data pointers of ``tensor_slots`` (constants' included); False when no
-        kernel is compiled for their alignment (or launch hooks are set), nothing launched."""
+    def launch_direct(self, ptrs, parts=None) -> bool:
+        """Launch on the data pointers of ``tensor_slots`` (constants' included; ``parts``: the
+        partials' pointer, see the class); False when no kernel is compiled for their alignment
+        (or launch hooks are set), nothing launched."""
         aligned = self.last_aligned = self.alignment(ptrs)
         kernels = self.kernels.get(aligned)
         if kernels is None:
@@ -381,7 +402,7 @@ class Launch:
             return False
         with self._on_device():
             ws_ptr = ptrs[0] if not self.ws_size else self._workspace(None).data_ptr()
-            self._run_compiled(ptrs, zip(self.phases, kernels), ws_ptr)
+            self._run_compiled(ptrs, zip(self.phases, kernels), ws_ptr, parts=parts)
         return True
 
     def alignment(self, ptrs) -> tuple:
@@ -402,17 +423,26 @@ class Launch:
             packed[slot] = (t, 0, 0) if slot in self.constants else (t, *packed[slot])
         return tuple(packed[:self.n_args]), tuple(packed[self.n_args:])
 
-    def _run_compiled(self, ptrs, phased_kernels, ws_ptr, fold=None) -> None:
+    def _moments(self, ins, outs, parts):
+        """The engine's ``moments`` from its packed ``ins`` and ``outs`` and the partials
+        ``parts`` (a tensor or a data pointer); None where the launch reduces no output."""
+        if self.moments is None:
+            return None
+        k, flag = self.moments
+        return parts, outs[k], None if flag is None else ins[flag]
+
+    def _run_compiled(self, ptrs, phased_kernels, ws_ptr, fold=None, parts=None) -> None:
         """Compiled kernels ``(phase, kernel)`` launched on the data pointers of ``tensor_slots``
-        (``fold``: the engine's, from data pointers)."""
+        (``fold``: the engine's, ``parts``: the partials' pointer, from data pointers)."""
         direct = self.templates.copy()
         for (slot, tail), ptr in zip(self.tails, ptrs):
             direct[slot] = (ptr, *tail)
         ins, outs = tuple(direct[:self.n_args]), tuple(direct[self.n_args:])
+        moments = self._moments(ins, outs, parts)
         grid, constexprs = self.config.grid, self.config.constexprs
         stream = _stream_getter()(self.device_index)
         for phase, kernel in phased_kernels:
-            launch_compiled(kernel, grid[0], grid[1], stream, ins, outs, ws_ptr, fold, *self.runtime,
+            launch_compiled(kernel, grid[0], grid[1], stream, ins, outs, ws_ptr, fold, moments, *self.runtime,
                             *constexprs[phase], self.idx)
 
     def direct_source(self, pointers, namespace: dict, aligned):
@@ -460,8 +490,8 @@ class Launch:
             namespace.update(zip(names, constexprs))
             namespace.update({f"_k{phase}": kernel, "_launch": launch_compiled})
             lines.append(f"_launch(_k{phase}, _g0, _g1, _s, "
-                         f"({', '.join(items[:n])},), ({', '.join(items[n:])},), _ws, None, {', '.join(runtime)}, "
-                         f"{', '.join(names)}, _idx)")
+                         f"({', '.join(items[:n])},), ({', '.join(items[n:])},), _ws, None, None, "
+                         f"{', '.join(runtime)}, {', '.join(names)}, _idx)")
         return lines
 
     def edge_map(self, args, outs, edge: torch.Tensor) -> None:
@@ -607,11 +637,11 @@ def _launchable(kernel) -> bool:
     return not INTERPRET and hasattr(kernel, "packed_metadata") and hasattr(kernel, "function")
 
 
-def _dispatch(config: _Config, args, ws, runtime, phase, idx, fold=None):
+def _dispatch(config: _Config, args, ws, runtime, phase, idx, fold=None, moments=None):
     """Launch one phase of the engine through Triton's dispatch (compiling if needed); returns
-    the compiled kernel. ``fold``: the engine's (phases 0 and 2)."""
+    the compiled kernel. ``fold``, ``moments``: the engine's (phases 0 and 2)."""
     try:
-        return scan_kernel[config.grid](*args, ws, fold, *runtime, *config.constexprs[phase], idx,
+        return scan_kernel[config.grid](*args, ws, fold, moments, *runtime, *config.constexprs[phase], idx,
                                         num_warps=config.num_warps)
     except Exception as e:
         if "outside of the scope of a kernel" in str(e):  # jit functions built before TRITON_INTERPRET=1 was set

@@ -89,6 +89,37 @@ def _clip(x, bar):
 
 
 @triton.jit
+def _kl_reward(r, ins, KL: tl.constexpr, rows, t, mask, ACC: tl.constexpr):
+    """r - coef*kl, the KL-shaped reward (docs/semantics.md, section 13.1), from the group
+    spec.KL, which starts at position KL of ``ins``: the log-probs, the reference log-probs, then
+    one coefficient slot per estimator of spec.KL_ESTIMATORS (the one present names the
+    estimator, at compile time) and the clamp; r itself without log-probs. NaN stays NaN through
+    every clamp."""
+    if ins[KL] is None:
+        return r
+    else:
+        d = load(ins[KL], rows, t, mask, ACC) - load(ins[KL + 1], rows, t, mask, ACC)
+        if ins[KL + 2] is not None:  # k1
+            kl = d
+            c = coef(ins[KL + 2], rows, t, mask, ACC)
+        elif ins[KL + 3] is not None:  # k2
+            kl = 0.5 * d * d
+            c = coef(ins[KL + 3], rows, t, mask, ACC)
+        elif ins[KL + 4] is not None:  # k3, its log-ratio within [-20, 20] and its value at most 10
+            e = tl.minimum(tl.maximum(-d, -20.0, propagate_nan=tl.PropagateNan.ALL), 20.0,
+                           propagate_nan=tl.PropagateNan.ALL)
+            kl = _clip(tl.exp(e) - e - 1.0, 10.0)
+            c = coef(ins[KL + 4], rows, t, mask, ACC)
+        else:  # abs
+            kl = tl.abs(d)
+            c = coef(ins[KL + 5], rows, t, mask, ACC)
+        if ins[KL + 6] is not None:
+            bound = coef(ins[KL + 6], rows, t, mask, ACC)
+            kl = tl.maximum(_clip(kl, bound), -bound, propagate_nan=tl.PropagateNan.ALL)
+        return r - c * kl
+
+
+@triton.jit
 def _flags(ins, FLAGS: tl.constexpr, rows, t, mask, T, ACC: tl.constexpr):
     """(1 - terminated, 1 - done) from the flag group spec.FLAGS, which starts at position FLAGS
     of ``ins``: done = the done array, else terminated | truncated; with last_done,
@@ -151,7 +182,8 @@ def gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     nterm, ndone = _flags(ins, GAE.terminated, rows, t, mask, T, ACC)
     g = coef(ins[GAE.gamma], rows, t, mask, ACC)
     l = coef(ins[GAE.lmbda], rows, t, mask, ACC)
-    alpha, beta = _gae(load(ins[GAE.rewards], rows, t, mask, ACC), v, nv, nterm, ndone, g, l)
+    r = _kl_reward(load(ins[GAE.rewards], rows, t, mask, ACC), ins, GAE.log_probs, rows, t, mask, ACC)
+    alpha, beta = _gae(r, v, nv, nterm, ndone, g, l)
     return alpha, beta, v
 
 
@@ -169,7 +201,7 @@ def masked_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     # at an unmasked step x = v and y = r - v + g*x_next + g*l*y_next, at a masked step both carry
     m = load_flag(ins[MASKED_GAE.mask], rows, t, mask)
     v = load(ins[MASKED_GAE.values], rows, t, mask, ACC)
-    r = load(ins[MASKED_GAE.rewards], rows, t, mask, ACC)
+    r = _kl_reward(load(ins[MASKED_GAE.rewards], rows, t, mask, ACC), ins, MASKED_GAE.log_probs, rows, t, mask, ACC)
     g = coef(ins[MASKED_GAE.gamma], rows, t, mask, ACC)
     l = coef(ins[MASKED_GAE.lmbda], rows, t, mask, ACC)
     ones = tl.full(v.shape, 1.0, ACC)
@@ -206,7 +238,8 @@ def padded_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     nv = _next_value(None, ins[PADDED_GAE.values], ins[PADDED_GAE.bootstrap_value], rows, t, mask, T, ACC)
     v = tl.where(m, load(ins[PADDED_GAE.values], rows, t, mask, ACC), 0.0)
     ones = tl.full(v.shape, 1.0, ACC)
-    alpha, beta = _gae(tl.where(m, load(ins[PADDED_GAE.rewards], rows, t, mask, ACC), 0.0), v,
+    r = _kl_reward(load(ins[PADDED_GAE.rewards], rows, t, mask, ACC), ins, PADDED_GAE.log_probs, rows, t, mask, ACC)
+    alpha, beta = _gae(tl.where(m, r, 0.0), v,
                        tl.where(m_next, nv, 0.0), ones, ones, coef(ins[PADDED_GAE.gamma], rows, t, mask, ACC),
                        coef(ins[PADDED_GAE.lmbda], rows, t, mask, ACC))
     return alpha, beta, v

@@ -41,15 +41,25 @@ handed on from carry 0, its gain and the rank's own carry, then whether the rank
 order (:func:`_fold_ranks`), then divided by ``divisor`` (a one-element tensor; a tuple argument
 holds no None in compiled kernels).
 
+``moments`` (None: off) reduces one output tile by tile for a whitening that follows
+(rl_triton/core/whiten.py): ``(parts, out, flag)``, ``out`` the view of the output that STORE
+writes and ``flag`` a flag input's view (None: every step counts); after each STORE the
+program reads the tile of ``out`` back (what it wrote, rounded to the output's dtype) and
+writes the ``(n, mean, M2)`` of its steps where ``flag`` is nonzero, in float64, to
+``parts[tile]`` (a ``[P, 3]`` float64 buffer), ``tile = program_id(0) * cdiv(T, BLOCK_T) +
+chunk``: one partial per row block and chunk, whatever the segments.
+
 ``PAIR`` algorithms scan a state of two values (phase 1 writes each segment's map
-``(a1, b1, a2, b2, c)`` to ``ws``; the batch-major plan gives them one segment): a first value that follows its
-own recurrence, x[t] = a1 + b1*x[t-1], and y[t] = a2 + c*x[t-1] + b2*y[t-1], which reads it
-(GAE skipping masked steps: x the value of the next unmasked step). BUILD returns
+``(a1, b1, a2, b2, c)`` to ``ws``; the batch-major plan gives them one segment): a first value
+that follows its own recurrence, x[t] = a1 + b1*x[t-1], and y[t] = a2 + c*x[t-1] + b2*y[t-1],
+which reads it (GAE skipping masked steps: x the value of the next unmasked step). BUILD returns
 ``((a1, a2), (b1, b2, c), ctx)``, INIT the pair of carries ``(x, y)``, and STORE sees y.
 """
 
 import triton
 import triton.language as tl
+
+from .moments import tile_moments
 
 
 @triton.jit
@@ -260,6 +270,19 @@ def _fold_pairs(fold, rows, rmask, own_x, own_y, R, REVERSE: tl.constexpr, ACC: 
 
 
 @triton.jit
+def _reduce_output(moments, tile, rows, t, mask):
+    """The tile's partial moments of the output ``moments[1]`` (module docstring)."""
+    tl.debug_barrier()  # the tile's stores, by whichever threads, before it is read back
+    v = load(moments[1], rows, t, mask, tl.float64)
+    if moments[2] is None:
+        valid = mask
+    else:
+        valid = mask & load_flag(moments[2], rows, t, mask)
+    tile_moments(moments[0], tile, v, valid)
+
+
+
+@triton.jit
 def _coefficients(BUILD: tl.constexpr, ins, rows, t, mask, T, ACC: tl.constexpr, EVEN: tl.constexpr):
     """BUILD's ``(alpha, beta, ctx)``, the identity map outside ``mask`` (unless the tile is
     full, ``EVEN``)."""
@@ -385,7 +408,7 @@ def _walk_pairs(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, s1, s2, s3, s4, s
 
 
 @triton.jit
-def scan_kernel(ins, outs, ws, fold, R, T, seg_chunks, n_seg,
+def scan_kernel(ins, outs, ws, fold, moments, R, T, seg_chunks, n_seg,
                 BUILD: tl.constexpr, INIT: tl.constexpr, STORE: tl.constexpr,
                 REVERSE: tl.constexpr, NEED_PREV: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, VEC: tl.constexpr, SEG_BLOCK: tl.constexpr,
@@ -471,8 +494,8 @@ def scan_kernel(ins, outs, ws, fold, R, T, seg_chunks, n_seg,
             if PAIR:
                 a1, b1, a2, b2, c1, ctx = _pair_coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
                 if MIRROR:
-                    a1, b1, a2, b2, c1 = _mirror(a1, VEC), _mirror(b1, VEC), _mirror(a2, VEC), _mirror(b2, VEC), _mirror(
-                        c1, VEC)
+                    a1, b1, a2, b2, c1 = (_mirror(a1, VEC), _mirror(b1, VEC), _mirror(a2, VEC), _mirror(b2, VEC),
+                                          _mirror(c1, VEC))
                 A1, B1, A2, B2, C1 = tl.associative_scan((a1, b1, a2, b2, c1), 1, combine_pair, reverse=DOWN)
                 if PHASE == 1:
                     ma1, mb1, ma2, mb2, mc1 = combine_pair(ma1, mb1, ma2, mb2, mc1, _pick(A1, lanes, END),
@@ -487,6 +510,8 @@ def scan_kernel(ins, outs, ws, fold, R, T, seg_chunks, n_seg,
                     if MIRROR:
                         y = _mirror(y, VEC)
                     STORE(ins, outs, rows, t, mask, y, y, ctx, T, ACC)
+                    if moments is not None:
+                        _reduce_output(moments, tl.program_id(0) * n_chunks + c, rows, t, mask)
             else:
                 alpha, beta, ctx = _coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
                 if MIRROR:
@@ -514,6 +539,8 @@ def scan_kernel(ins, outs, ws, fold, R, T, seg_chunks, n_seg,
                         if not NEED_PREV:
                             y_prev = y
                         STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
+                    if moments is not None:
+                        _reduce_output(moments, tl.program_id(0) * n_chunks + c, rows, t, mask)
 
     if PHASE == 1 and PAIR:
         w = (rows.to(tl.int64) * n_seg + seg) * 5
