@@ -171,6 +171,10 @@ def test_time_major_plan_shapes():
 
 
 def _sharded_worker(rank, world, group):
+    kernels.TIME_MAJOR_REGIME = True  # a spawned process: the fixture's switch does not reach it
+    planned = []
+    real = kernels.time_major_plan
+    kernels.time_major_plan = lambda *a: planned.append(a) or real(*a)
     bounds = [0, 7, 16][:world + 1]
     lo, hi = bounds[rank], bounds[rank + 1]
     g = torch.Generator().manual_seed(4)
@@ -190,6 +194,7 @@ def _sharded_worker(rank, world, group):
             for g_, w in zip(got, whole):
                 np.testing.assert_allclose(g_.double().numpy(), w[lo:hi].double().numpy(), rtol=1e-12, atol=1e-12,
                                            err_msg=f"{algo} {plan} rank {rank}")
+    assert planned, "the chunks took the time-major plan"
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="gloo ranks on the CPU, the kernels in the interpreter")
