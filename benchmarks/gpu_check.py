@@ -29,7 +29,7 @@ import torch
 from common import parser
 
 SHAPES = [(4096, 128), (16384, 512), (32768, 8), (64, 8192), (8, 32768), (1, 131072), (3, 1000003),
-          (257, 999), (2048, 64, "time-major")]
+          (257, 999), (2048, 64, "time-major"), (300, 257, "time-major"), (8, 4096, "time-major")]
 QUICK_SHAPES = [(5, 40), (3, 300), (2, 7, "time-major")]
 # case name -> (function, variant of rl_triton.testing.catalog)
 ALGOS = {

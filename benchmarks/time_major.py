@@ -21,7 +21,7 @@ rounds, each timing both) and time-major / floor. The targets (issue 39): time-m
 one is marked ``MISS`` (the exit status stays 0 for misses).
 
 ``--force KEY=VAL,...`` times the time-major call under ``kernels.forced_plan`` (keys:
-block_r, block_t, n_seg, num_warps, walk, vec, programs, prev_mem, time_major); the batch-major call keeps
+block_r, block_t, n_seg, num_warps, walk, vec, warps, prev_mem, time_major); the batch-major call keeps
 its plan. ``--sweep`` times each of ``--candidates`` (``;``-separated forced plans; by default
 six WALK and scan-tile plans) on the time-major call of every cell, each checked first, and
 prints the best per cell beside the default plan.
@@ -67,10 +67,10 @@ ALGOS = {
 }
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10}
 TARGET_BATCH, TARGET_FLOOR, FLOOR_FROM_US = 1.15, 1.3, 10.0
-# the sweep's forced plans (by rule, besides the default): WALK in one pass, WALK with twice the
-# programs or with chunks of 8 or 32 steps, and the scan across the lanes of tiles with the
-# default time split and with twice the programs
-CANDIDATES = "walk=1;walk=2,programs=1056;walk=2,block_t=8;walk=2,block_t=32;walk=0;walk=0,programs=1056"
+# the sweep's forced plans (by rule, besides the default): WALK in one pass, WALK splitting time
+# for twice the warps (1056 on the H200) or with chunks of 8 or 32 steps, and the scan across the
+# lanes of tiles with the default time split and splitting for 1056 warps
+CANDIDATES = "walk=1;walk=2,warps=1056;walk=2,block_t=8;walk=2,block_t=32;walk=0;walk=0,warps=1056"
 DEFAULT_ALGOS = "gae,vtrace,masked_gae,affine_scan_forward"  # reverse, y one step back, two-state, forward
 SWEEP_ALGOS = "gae"
 

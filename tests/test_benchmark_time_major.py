@@ -17,11 +17,31 @@ sys.path[:0] = [os.path.join(ROOT, "benchmarks")]
 tm = importlib.import_module("time_major")
 
 
+@pytest.fixture
+def regime_on(monkeypatch):
+    """The time-major regime switched on (``main`` switches it per run; the functions driven
+    directly here need it set), with no plan kept from before."""
+    from rl_triton.core import plans
+
+    monkeypatch.setattr(kernels, "TIME_MAJOR_REGIME", True)
+    plans.clear()
+    yield
+    plans.clear()
+
+
 def test_every_algorithm_is_checked_in_both_layouts(capsys):
     assert tm.main(["--device", "cpu", "--shapes", "6x5", "--algos", "all"]) == 0
     out = capsys.readouterr().out
     for algo in tm.ALGOS:
         assert f"| {algo} | 6x5 | walk2 " in out and "checked (" in out
+
+
+def test_the_regime_switch(capsys):
+    """``--regime off`` times the plan time-major data gets with the regime off (no WALK)."""
+    assert tm.main(["--device", "cpu", "--shapes", "6x5", "--algos", "gae", "--regime", "off"]) == 0
+    out = capsys.readouterr().out
+    assert "TIME_MAJOR_REGIME): off" in out and "| gae | 6x5 | lanes " in out and "walk" not in out
+    assert not kernels.TIME_MAJOR_REGIME  # the library's default restored
 
 
 def test_a_wrong_cell_fails_the_run(monkeypatch, capsys):
@@ -53,11 +73,8 @@ def test_ratios_and_targets_from_timers():
     assert tm.verdict(dict(r, ratio=1.1, tm_us=19.0), 15.0) == "ok"
 
 
-def test_sweep_marks_the_fastest_candidate(monkeypatch):
-    """Each candidate is checked, then timed (time-major, batch-major); the fastest is named
-    (with the time-major regime switched on, as main() does by default)."""
-    monkeypatch.setattr(tm.kernels, "TIME_MAJOR_REGIME", True)
-    monkeypatch.setattr(tm.kernels, "_launches", {})
+def test_sweep_marks_the_fastest_candidate(regime_on):
+    """Each candidate is checked, then timed (time-major, batch-major); the fastest is named."""
     cell = tm.Cell("vtrace", 5, 8, "cpu")
     times = iter([10.0, 20.0, 8.0, 12.0])  # the default plan and batch-major, then the candidates
     candidates = [dict(walk=1), dict(walk=0, block_r=4, block_t=8)]

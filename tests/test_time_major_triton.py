@@ -21,7 +21,6 @@ T, N = 7, 5
 PLANS = {
     "planned": {},
     "walk, chunked carry, split time": dict(block_t=2, block_r=2, n_seg=2),
-    "walk in one pass, chunked carry": dict(walk=1, block_t=2, block_r=4),
     "lanes, split time": dict(walk=0, block_t=4, block_r=4, n_seg=2),
 }
 
@@ -77,6 +76,13 @@ def test_time_major_float32(algo, plan):
     _check(_problem(algo, seed=5, dtype=torch.float32, shape=(21, 6)), plan, tol=1e-5)
 
 
+@pytest.mark.parametrize("algo", ["gae", "vtrace_implied"])
+def test_int64_indices_time_major(algo, monkeypatch):
+    """The 64-bit index path of the WALK regime, over chunks and segments."""
+    monkeypatch.setattr(kernels, "_INT32_LIMIT", 0)
+    _check(_problem(algo, seed=9), PLANS["walk, chunked carry, split time"])
+
+
 @pytest.mark.parametrize("algo, layout", [("gae", "channel slice"), ("vtrace_implied", "rows apart"),
                                           ("eligibility_trace", "transposed")])
 def test_strided_views_match_oracle(algo, layout):
@@ -103,10 +109,12 @@ def test_strided_views_match_oracle(algo, layout):
 
 
 @pytest.mark.parametrize("mode", ["skip", "pad"])
-@pytest.mark.parametrize("plan", [{}, dict(walk=1, block_t=2, block_r=2), dict(walk=0, block_t=4, block_r=4)],
-                         ids=["planned", "walk in one pass, chunked carry", "lanes"])
+@pytest.mark.parametrize("plan", [{}, dict(block_t=2, block_r=2, n_seg=2), dict(walk=1, block_t=2, block_r=4),
+                                  dict(walk=0, block_t=4, block_r=4, n_seg=2)],
+                         ids=["planned", "walk, split time", "walk in one pass, chunked carry", "lanes, split time"])
 def test_masked_gae_time_major(mode, plan):
-    """The two-state scan (skip) and padded GAE on ``[T, N]`` with ``time_dim=0``."""
+    """The two-state scan (skip) and padded GAE on ``[T, N]`` with ``time_dim=0``; the
+    time-major plan splits the two-state scan's time too (phase 2 folds the segments' maps)."""
     g = torch.Generator().manual_seed(7)
     r, v = (torch.randn(T, N, generator=g, dtype=torch.float64) for _ in range(2))
     mask = torch.rand(T, N, generator=g) < 0.7
@@ -142,38 +150,51 @@ def test_plan_follows_the_strides(monkeypatch):
 
 
 def test_time_major_plan_shapes():
-    """WALK: 32 rows a warp, up to 8 warps while the rows fill four times the multiprocessors'
-    programs, chunks of 16 steps, time split where the rows' programs are too few (never for
-    the two-state scan), into no more segments than leave 64 maps a thread. Natural lanes: one
-    warp of 128 rows (float32; 64 in float64), chunks of 8 steps; for the two-state scan rows of
-    32 a program where 128 leave them too few."""
+    """WALK: 32 rows a warp, up to 8 warps a program while the programs stay twice the
+    multiprocessors, chunks of 16 steps, time split where the warps are fewer than four times
+    the multiprocessors, into no more segments than leave 64 maps a thread. Natural lanes: one
+    warp of 128 rows (float32; 64 in float64), chunks of 8 steps."""
     cpu = torch.device("cpu")  # 4 multiprocessors stand in (kernels._multiprocessors)
     block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(65536, 128, False, cpu)
     assert walk == 2 and (block_r, block_t, n_seg, num_warps) == (256, 16, 1, 8)
     block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(8, 2048, False, cpu)
     assert block_r == 8 and num_warps == 1 and n_seg == 16 and n_seg * seg_chunks * block_t >= 2048
-    assert kernels.time_major_plan(8, 2048, False, cpu, pair=True)[2] == 1
-    with kernels.forced_plan(programs=4096):
+    assert kernels.time_major_plan(256, 1024, False, cpu)[:3] == (32, 16, 2)  # 8 warps of 16: split in 2
+    block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(512, 1024, False, cpu)
+    assert (block_r, n_seg, num_warps) == (64, 1, 2)  # 8 programs of 2 warps: no split
+    with kernels.forced_plan(warps=4096):
         assert kernels.time_major_plan(32, 1 << 20, False, cpu)[2] == 64  # 64 maps a thread: 32 x 64 in a warp
     with kernels.forced_plan(walk=0):
         block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(65536, 128, False, cpu)
         assert walk == 0 and (block_r, block_t, n_seg, num_warps) == (128, 8, 1, 1)
         assert kernels.time_major_plan(65536, 128, True, cpu)[0] == 64
-        assert kernels.time_major_plan(512, 2048, False, cpu, pair=True)[:3] == (32, 8, 1)  # rows for programs
 
 
 def _sharded_worker(rank, world, group):
+    kernels.TIME_MAJOR_REGIME = True  # a spawned process: the fixture's switch does not reach it
+    planned = []
+    real = kernels.time_major_plan
+    kernels.time_major_plan = lambda *a: planned.append(a) or real(*a)
     bounds = [0, 7, 16][:world + 1]
     lo, hi = bounds[rank], bounds[rank + 1]
-    for algo in ("gae", "vtrace", "affine_scan_forward"):
-        p = _problem(algo, seed=2, shape=(bounds[-1], 3)).flagged_at(bounds[1:-1])
-        whole = p.call("triton")
+    g = torch.Generator().manual_seed(4)
+    r, v = (torch.randn(bounds[-1], 3, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.rand(bounds[-1], 3, generator=g) < 0.6
+
+    def masked(lo, hi, **kw):
+        return rl_triton.gae(r[lo:hi], v[lo:hi], mask=mask[lo:hi], time_dim=0, backend="triton", **kw)
+
+    cases = [(algo, _problem(algo, seed=2, shape=(bounds[-1], 3)).flagged_at(bounds[1:-1]))
+             for algo in ("gae", "vtrace", "affine_scan_forward")]
+    for algo, p in cases + [("masked gae", None)]:
+        whole = p.call("triton") if p is not None else masked(0, bounds[-1])
         for plan in ({}, dict(block_t=2, block_r=2, n_seg=2)):
             with kernels.forced_plan(**plan) if plan else _planned():
-                got = p.steps(lo, hi).call("triton", group=group)
+                got = p.steps(lo, hi).call("triton", group=group) if p is not None else masked(lo, hi, group=group)
             for g_, w in zip(got, whole):
                 np.testing.assert_allclose(g_.double().numpy(), w[lo:hi].double().numpy(), rtol=1e-12, atol=1e-12,
                                            err_msg=f"{algo} {plan} rank {rank}")
+    assert planned, "the chunks took the time-major plan"
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="gloo ranks on the CPU, the kernels in the interpreter")

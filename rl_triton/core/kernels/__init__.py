@@ -61,10 +61,10 @@ _forced: dict = {}
 def forced_plan(**plan):
     """Force launch parameters (block_t, block_r, n_seg, num_warps; prev_mem: whether an epilogue
     that reads y one step back reads it from its outputs, in one segment only; time_major: plan
-    with :func:`time_major_plan` whatever the strides; walk: the engine's WALK regime, one step
-    at a time, 1 or 2 passes a chunk, 0 for none; vec: the lanes of one mirrored run, 0 for
-    natural lanes; programs: the programs the time-major plan splits time to reach) so tests reach every
-    regime at small sizes and sweeps time each; meanwhile every call takes the full path
+    with :func:`time_major_plan` whatever the strides; walk: the engine's WALK regime, 1 or 2
+    passes a chunk, 0 for none; vec: the lanes of one mirrored run, 0 for natural lanes; warps:
+    the warps the time-major plan splits time to reach) so tests reach every regime at small
+    sizes and sweeps time each; meanwhile every call takes the full path
     (``launch.plan_forced``: no call plan, which would keep its own launch)."""
     _forced.update(plan)
     try:
@@ -132,41 +132,41 @@ def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = Tr
     return block_r, block_t, n_seg, seg_chunks, num_warps, seg_block
 
 
-def time_major_plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = True, pair: bool = False):
+def time_major_plan(R: int, T: int, float64: bool, device: torch.device):
     """(BLOCK_R, BLOCK_T, n_seg, chunks per segment, num_warps, SEG_BLOCK, WALK) for R rows of T
     steps whose rows are contiguous (time-major data, ``[T, N]`` with N = R): the rows across the
     lanes, so that each step reads ``BLOCK_R`` neighbouring values.
 
     By default the engine's WALK regime (``_walk``), two passes a chunk (``WALK = 2``; forced
-    ``walk=1``: one): one step at a time, chunks of 16 steps (8 in float64), 32 rows a warp, and
-    as many rows a program (up to 256, in 8 warps) as still fill the target of programs, four
-    times the multiprocessors. Forced ``walk=0``: the engine's scan across the lanes of tiles of
-    one warp, a 16-byte load for each of 32 threads along the rows (128 rows in float32, 64 in
-    float64), chunks of 8 steps: Triton lays the rows out fastest across the threads and scans
-    each row's steps within a thread and across the few threads that share the row; its target
-    is twice the multiprocessors. Forced ``programs`` sets the target. The time axis splits into
-    segments where the rows' programs fall short of the target (never for the two-state scan),
-    into no more than leave 64 maps a thread to fold in phase 2."""
+    ``walk=1``: one): one step at a time, chunks of 16 steps (8 in float64), 32 rows a warp, as
+    many rows a program (up to 256, in 8 warps) as leave twice the multiprocessors' programs;
+    the time axis splits into segments where the rows' warps are fewer than four times the
+    multiprocessors. Forced ``walk=0``: the engine's scan across the lanes of tiles of one warp,
+    a 16-byte load for each of 32 threads along the rows (128 rows in float32, 64 in float64),
+    chunks of 8 steps (Triton lays the rows out fastest across the threads and scans each row's
+    steps within a thread and across the few threads that share the row); time splits where the
+    warps are fewer than twice the multiprocessors. Forced ``warps`` sets that target. The
+    two-state scan splits too (the batch-major plan keeps its rows whole), and no split leaves
+    more than 64 maps a thread to fold in phase 2."""
     walk = int(_forced.get("walk", 2))
-    target = _forced.get("programs") or (4 if walk else 2) * _multiprocessors(device)
+    sms = _multiprocessors(device)
+    target = _forced.get("warps") or (4 if walk else 2) * sms
     if walk:
         block_t = _forced.get("block_t") or min(_pow2(T), 8 if float64 else 16)
-        block_r = _forced.get("block_r") or min(_pow2(R), max(32, min(256, _pow2(_cdiv(R, target)))))
+        block_r = _forced.get("block_r") or min(_pow2(R), max(32, min(256, _pow2(_cdiv(R, 2 * sms)))))
         num_warps = _forced.get("num_warps") or max(1, min(8, block_r // 32))
     else:
         rows_per_warp = 32 * (2 if float64 else 4)  # a 16-byte load per thread
         block_t = _forced.get("block_t") or min(_pow2(T), 8)
-        # the two-state scan splits no time: rows of 32 a program where the rows' programs are few
-        few = pair and _cdiv(R, rows_per_warp) < target
-        block_r = _forced.get("block_r") or min(_pow2(R), 32 if few else rows_per_warp)
+        block_r = _forced.get("block_r") or min(_pow2(R), rows_per_warp)
         # one warp: more would lie along time where flags load 16 rows a thread (scans across warps)
         num_warps = _forced.get("num_warps") or 1
         block_t = max(block_t, 32 * num_warps // block_r)  # the scan lowering: an element per thread at least
-    row_programs = _cdiv(R, block_r)
+    warps = _cdiv(R, block_r) * num_warps
     n_seg = _forced.get("n_seg") or 1
-    if "n_seg" not in _forced and not pair and row_programs < target and T >= 4 * block_t:
+    if "n_seg" not in _forced and warps < target and T >= 4 * block_t:
         # phase 2 folds the segments' maps in a [BLOCK_R, SEG_BLOCK] tile: 64 numbers a thread at most
-        n_seg = min(_cdiv(target, row_programs), _cdiv(T, block_t), 64 * 32 * num_warps // block_r)
+        n_seg = min(_cdiv(target, warps), _cdiv(T, block_t), 64 * 32 * num_warps // block_r)
     seg_chunks = _cdiv(_cdiv(T, block_t), n_seg)
     n_seg = _cdiv(_cdiv(T, block_t), seg_chunks)
     seg_block = max(_pow2(n_seg), 32 * num_warps // block_r)
@@ -225,8 +225,9 @@ def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: b
     if config is None:
         build, init, store = PARTS[algo.name]
         need_prev = algo.need_prev
-        if _forced.get("time_major", time_major):
-            *planned, walk = time_major_plan(R, T, acc64, device, reverse, algo.pair)
+        time_major = bool(_forced.get("time_major", time_major))
+        if time_major:
+            *planned, walk = time_major_plan(R, T, acc64, device)
             # WALK hands y one step back over; otherwise the lane gather or, in one segment, the outputs
             prev_mem = not walk and planned[2] == 1 and bool(
                 _forced.get("prev_mem", need_prev and exact_outputs and algo.name in PREV_FROM_OUTPUTS))
@@ -242,7 +243,7 @@ def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: b
                     planned = plan(R, T, acc64, device, reverse, need_prev, streams, algo.pair)
             vec = None
         block_r, block_t, n_seg, seg_chunks, num_warps, seg_block = planned
-        if algo.pair:  # the two-state scan walks whole rows (the engine splits no time for it)
+        if algo.pair and not time_major:  # the batch-major plan walks whole rows of the two-state scan
             n_seg, seg_chunks = 1, _cdiv(T, block_t)
         acc = tl.float64 if acc64 else tl.float32
         even = (R % block_r == 0, T % block_t == 0)
@@ -350,7 +351,7 @@ class Launch:
         self.wide = reach >= _INT32_LIMIT
         self.idx = tl.int64 if self.wide else tl.int32
         self.runtime = (R, T, config.seg_chunks, config.n_seg)
-        self.ws_size = R * config.n_seg * 2 if config.n_seg > 1 else 0
+        self.ws_size = R * config.n_seg * (5 if algo.pair else 2) if config.n_seg > 1 else 0
         self.ws_dtype = torch.float64 if acc64 else torch.float32
         self.kernels: dict = {}  # alignment bits -> [compiled kernel per phase]
         self.phases = (1, 2) if config.n_seg > 1 else (0,)

@@ -49,10 +49,10 @@ writes the ``(n, mean, M2)`` of its steps where ``flag`` is nonzero, in float64,
 ``parts[tile]`` (a ``[P, 3]`` float64 buffer), ``tile = program_id(0) * cdiv(T, BLOCK_T) +
 chunk``: one partial per row block and chunk, whatever the segments.
 
-``PAIR`` algorithms scan a state of two values (phase 0, or phase 1 over one segment, whose
-map ``(a1, b1, a2, b2, c)`` goes to ``ws``): a first value that follows its
-own recurrence, x[t] = a1 + b1*x[t-1], and y[t] = a2 + c*x[t-1] + b2*y[t-1], which reads it
-(GAE skipping masked steps: x the value of the next unmasked step). BUILD returns
+``PAIR`` algorithms scan a state of two values (phase 1 writes each segment's map
+``(a1, b1, a2, b2, c)`` to ``ws``; the batch-major plan gives them one segment): a first value
+that follows its own recurrence, x[t] = a1 + b1*x[t-1], and y[t] = a2 + c*x[t-1] + b2*y[t-1],
+which reads it (GAE skipping masked steps: x the value of the next unmasked step). BUILD returns
 ``((a1, a2), (b1, b2, c), ctx)``, INIT the pair of carries ``(x, y)``, and STORE sees y.
 """
 
@@ -186,6 +186,23 @@ def _segments(ws, rows, rmask, n_seg, upto, ACC: tl.constexpr, SEG_BLOCK: tl.con
     b = tl.load(ws + w + 1, mask=m, other=1.0).to(ACC)
     a, b = tl.associative_scan((a, b), 1, combine)
     return _pick(a, j, SEG_BLOCK - 1), _pick(b, j, SEG_BLOCK - 1)
+
+
+@triton.jit
+def _pair_segments(ws, rows, rmask, n_seg, upto, ACC: tl.constexpr, SEG_BLOCK: tl.constexpr):
+    """:func:`_segments` for two-state maps: the maps ``(a1, b1, a2, b2, c)`` phase 1 left in
+    ``ws`` (five numbers a segment) for segments ``[0, upto)`` of each row, folded in scan order."""
+    j = tl.arange(0, SEG_BLOCK)
+    m = rmask[:, None] & (j[None, :] < upto)
+    w = (rows[:, None].to(tl.int64) * n_seg + j[None, :]) * 5
+    a1 = tl.load(ws + w, mask=m, other=0.0).to(ACC)
+    b1 = tl.load(ws + w + 1, mask=m, other=1.0).to(ACC)
+    a2 = tl.load(ws + w + 2, mask=m, other=0.0).to(ACC)
+    b2 = tl.load(ws + w + 3, mask=m, other=1.0).to(ACC)
+    c1 = tl.load(ws + w + 4, mask=m, other=0.0).to(ACC)
+    a1, b1, a2, b2, c1 = tl.associative_scan((a1, b1, a2, b2, c1), 1, combine_pair)
+    END: tl.constexpr = SEG_BLOCK - 1
+    return _pick(a1, j, END), _pick(b1, j, END), _pick(a2, j, END), _pick(b2, j, END), _pick(c1, j, END)
 
 
 @triton.jit
@@ -444,6 +461,10 @@ def scan_kernel(ins, outs, ws, fold, moments, R, T, seg_chunks, n_seg,
         cx, ca = INIT(ins, rows, rmask, T, ACC)
         if fold is not None:
             cx, ca = _fold_pairs(fold, rows, rmask, cx, ca, R, REVERSE, ACC)
+        if PHASE == 2:
+            s1, s2, s3, s4, s5 = _pair_segments(ws, rows, rmask, n_seg, seg, ACC, SEG_BLOCK)
+            ca = _step(s3, s4, ca) + tl.where(s5 == 0, 0.0, s5 * cx)
+            cx = _step(s1, s2, cx)
     elif PHASE == 1:
         ca = tl.zeros((BLOCK_R,), ACC)
         cb = tl.zeros((BLOCK_R,), ACC) + 1.0
@@ -553,7 +574,7 @@ def edge_kernel(ws, edge, carry, bootstrap, R, n_seg, PAIR: tl.constexpr, BLOCK_
     """Each row's edge map (rl_triton/core/spec.py) from the maps phase 1 left in ``ws``: the
     segments' maps folded in scan order, then applied to the launch's own carries (``carry``,
     and for two-state scans ``bootstrap``, the first state; contiguous ``[R]`` or None for 0).
-    ``edge`` is a contiguous ``[R, 2]`` (two-state: ``[R, 5]``, one segment) float tensor."""
+    ``edge`` is a contiguous ``[R, 2]`` (two-state: ``[R, 5]``) float tensor."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
     r64 = rows.to(tl.int64)
@@ -567,11 +588,14 @@ def edge_kernel(ws, edge, carry, bootstrap, R, n_seg, PAIR: tl.constexpr, BLOCK_
         else:
             x_in = tl.load(bootstrap + r64, mask=rmask, other=0.0).to(tl.float64)
         w = r64 * 5
-        a1 = tl.load(ws + w, mask=rmask, other=0.0).to(tl.float64)
-        b1 = tl.load(ws + w + 1, mask=rmask, other=1.0).to(tl.float64)
-        a2 = tl.load(ws + w + 2, mask=rmask, other=0.0).to(tl.float64)
-        b2 = tl.load(ws + w + 3, mask=rmask, other=1.0).to(tl.float64)
-        c1 = tl.load(ws + w + 4, mask=rmask, other=0.0).to(tl.float64)
+        if SEG_BLOCK == 1:
+            a1 = tl.load(ws + w, mask=rmask, other=0.0).to(tl.float64)
+            b1 = tl.load(ws + w + 1, mask=rmask, other=1.0).to(tl.float64)
+            a2 = tl.load(ws + w + 2, mask=rmask, other=0.0).to(tl.float64)
+            b2 = tl.load(ws + w + 3, mask=rmask, other=1.0).to(tl.float64)
+            c1 = tl.load(ws + w + 4, mask=rmask, other=0.0).to(tl.float64)
+        else:
+            a1, b1, a2, b2, c1 = _pair_segments(ws, rows, rmask, n_seg, n_seg, tl.float64, SEG_BLOCK)
         y = _step(a2, b2, c_in) + tl.where(c1 == 0, 0.0, c1 * x_in)
         out = edge.dtype.element_ty
         tl.store(edge + w, _step(a1, b1, x_in).to(out), mask=rmask)
@@ -604,10 +628,18 @@ def hand_kernel(ws, send, own, own_x, offset, cut, scale, R, n_seg, PAIR: tl.con
         o = tl.zeros((BLOCK_R,), tl.float64)
     else:
         o = tl.load(own[0] + rows * own[1], mask=rmask, other=0.0).to(tl.float64)
-    if PAIR:
+    if PAIR and SEG_BLOCK == 1:
         for k in tl.static_range(5):
             m = tl.load(ws + r64 * 5 + k, mask=rmask, other=0.0)
             tl.store(send + r64 * 7 + k, m.to(out), mask=rmask)
+    elif PAIR:  # the segments' maps folded
+        a1, b1, a2, b2, c1 = _pair_segments(ws, rows, rmask, n_seg, n_seg, tl.float64, SEG_BLOCK)
+        tl.store(send + r64 * 7, a1.to(out), mask=rmask)
+        tl.store(send + r64 * 7 + 1, b1.to(out), mask=rmask)
+        tl.store(send + r64 * 7 + 2, a2.to(out), mask=rmask)
+        tl.store(send + r64 * 7 + 3, b2.to(out), mask=rmask)
+        tl.store(send + r64 * 7 + 4, c1.to(out), mask=rmask)
+    if PAIR:
         if own_x is None:
             ox = tl.zeros((BLOCK_R,), tl.float64)
         else:
