@@ -8,6 +8,7 @@ multiprocessors. Shapes and call forms follow the GPU benchmark's.
     python benchmarks/engine_ptx.py --root . --json new.json            # this checkout
     python benchmarks/engine_ptx.py --root OTHER_CHECKOUT --json old.json
     python benchmarks/engine_ptx.py --compare old.json new.json
+    python benchmarks/engine_ptx.py --time-major-regime --only time_major --json walk.json  # the WALK launches
 
 It needs triton (3.6 is the GPU image's) and torch, no GPU.
 """
@@ -122,9 +123,9 @@ def _chunk(torch, R, width, call):
     return run
 
 
-def collect(root: str | None, only: str = "") -> dict:
+def collect(root: str | None, only: str = "", time_major_regime: bool = False) -> dict:
     """{call: [PTX of each launch]} (or an error text) for this checkout or ``root``; ``only``:
-    the calls whose name contains it."""
+    the calls whose name contains it; ``time_major_regime``: kernels.TIME_MAJOR_REGIME on."""
     if root:
         sys.path.insert(0, root)
     import torch
@@ -149,6 +150,8 @@ def collect(root: str | None, only: str = "") -> dict:
     print(f"rl_triton from {rt.__file__}, triton {triton.__version__}", flush=True)
     kernels.INTERPRET = True  # CPU tensors take the Triton backend; nothing is launched
     kernels._multiprocessors = lambda device: MULTIPROCESSORS
+    if time_major_regime:  # the time-major plan and the engine's WALK regime for time-major calls
+        kernels.TIME_MAJOR_REGIME = True
     captured = []
 
     class Compile:
@@ -238,10 +241,12 @@ def main():
     p.add_argument("--json", help="write {call: [PTX]} here")
     p.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two --json files")
     p.add_argument("--only", default="", help="compile the calls whose name contains this")
+    p.add_argument("--time-major-regime", action="store_true",
+                   help="switch kernels.TIME_MAJOR_REGIME on (off by default in the library)")
     args = p.parse_args()
     if args.compare:
         return compare(*args.compare)
-    out = collect(args.root, args.only)
+    out = collect(args.root, args.only, args.time_major_regime)
     errors = sum(isinstance(v, str) for v in out.values())
     print(f"{len(out)} calls compiled, {errors} failed")
     if args.json:
