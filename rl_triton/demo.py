@@ -8,7 +8,9 @@ a numpy re-implementation of Stable-Baselines3's ``RolloutBuffer.compute_returns
 loop, fed with SB3's observation-aligned ``episode_starts`` flags. ``masked_whiten`` (with a
 mask of about 80% valid elements), ``arrival_gae`` and ``group_advantages`` are checked against
 the float64 oracle (``rl_triton.testing.oracle``) instead of the torch backend; the oracle's time
-is shown without a speed-up.
+is shown without a speed-up. A row beyond tolerance fails the demo, and a line after the table
+names the element that differs most, the oracle's value there where the row has one, and the
+values a second call of each side gives.
 """
 
 from __future__ import annotations
@@ -212,6 +214,37 @@ def max_error(fast, ref) -> Tuple[float, bool]:
     return worst, ok
 
 
+def worst_element(fast, ref) -> Tuple[int, Tuple[int, ...]]:
+    """(output, element index) where ``|fast - ref|`` is largest over all outputs (NaN counts
+    as largest): the element a mismatch report names."""
+    best, where = -1.0, (0, ())
+    for i, (a, b) in enumerate(zip(_as_tensors(fast), _as_tensors(ref))):
+        if not a.numel() or a.shape != b.shape:
+            continue
+        d = (a.detach().to("cpu", torch.float64) - b.detach().to("cpu", torch.float64)).abs()
+        d = torch.nan_to_num(d, nan=float("inf"))
+        k = int(d.argmax())
+        if d.view(-1)[k].item() > best:
+            best, where = d.view(-1)[k].item(), (i, tuple(int(j) for j in np.unravel_index(k, tuple(a.shape))))
+    return where
+
+
+def mismatch_detail(out_fast, out_ref, fast, loop, expected=None) -> str:
+    """Where a fast result and its reference differ most, with the float64 oracle's value there
+    (``expected``: the oracle's outputs, where the row has them), and the values a second fast
+    call and a second reference call give at that element: whether a side changes from call to
+    call, and which side the oracle agrees with."""
+    i, idx = worst_element(out_fast, out_ref)
+
+    def at(out):
+        return _as_tensors(out)[i][idx].item()
+
+    text = f"output {i} at {list(idx)}: fast {at(out_fast):.7g}, reference {at(out_ref):.7g}"
+    if expected is not None:
+        text += f", float64 oracle {at(expected()):.7g}"
+    return text + f"; called again: fast {at(fast()):.7g}, reference {at(loop()):.7g}"
+
+
 def fmt_time(s: float) -> str:
     if s < 1e-3:
         return f"{s * 1e6:.0f} us"
@@ -279,8 +312,11 @@ def print_table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> None:
 # main
 
 
-def _measure(name, shape, fast, loop, loop_name, fast_name, repeats, dev) -> List[str]:
-    """One table row: warm up, check against the reference, time both."""
+def _measure(name, shape, fast, loop, loop_name, fast_name, repeats, dev,
+             expected=None) -> Tuple[List[str], Optional[str]]:
+    """One table row (warm up, check against the reference, time both) and, where the results
+    differ beyond tolerance, :func:`mismatch_detail` (``expected``: the float64 oracle's
+    outputs, where the row has them)."""
     out_fast = fast()  # warm-up: numba / Triton compile on the first call
     fast()
     _sync(dev)
@@ -289,6 +325,7 @@ def _measure(name, shape, fast, loop, loop_name, fast_name, repeats, dev) -> Lis
     _sync(dev)
     loop_once = time.perf_counter() - t0
     err, ok = max_error(out_fast, out_ref)
+    detail = None if ok else mismatch_detail(out_fast, out_ref, fast, loop, expected)
     t_fast = median_time(fast, repeats, dev)
     # keep slow reference loops to a few calls so the demo stays short
     loop_repeats = repeats if loop_once * repeats < 2.0 else max(1, min(repeats, 3))
@@ -296,7 +333,7 @@ def _measure(name, shape, fast, loop, loop_name, fast_name, repeats, dev) -> Lis
     loop_cell = fmt_time(t_loop) + ("" if loop_name == "torch loop" else f" ({loop_name})")
     speed_up = "-" if loop_name == ORACLE else f"{t_loop / t_fast:.1f}x"  # a Python loop in float64
     return [name, shape.label, fast_name, fmt_time(t_fast), loop_cell,
-            speed_up, f"{err:.1e} " + ("ok" if ok else "MISMATCH")]
+            speed_up, f"{err:.1e} " + ("ok" if ok else "MISMATCH")], detail
 
 
 def default_shapes(device: torch.device, quick: bool) -> List[Shape]:
@@ -364,21 +401,24 @@ def run(device: Optional[str] = None, repeats: Optional[int] = None, quick: bool
     for shape in shapes:
         for name, problem in rollout_problems(shape, dev):
             plan.append((name, shape, lambda p=problem: p.call("auto"),
-                         lambda p=problem: p.call("torch"), "torch loop"))
+                         lambda p=problem: p.call("torch"), "torch loop", problem.expected))
         if dev.type == "cpu" and shape.time_dim == 0:
             fast, loop = sb3_calls(shape)
             plan.append(("gae vs SB3 numpy loop", shape, lambda fast=fast: fast("auto"), loop,
-                         "SB3 numpy"))
+                         "SB3 numpy", None))
         for name, label, fast, expected in oracle_calls(shape, dev):
-            plan.append((name, label, fast, expected, ORACLE))
+            plan.append((name, label, fast, expected, ORACLE, None))
 
-    rows, failures, errors = [], 0, []
+    rows, failures, errors, mismatches = [], 0, [], []
     bar = _Progress(len(plan), enabled=progress)
     try:
-        for name, shape, fast, loop, loop_name in plan:
+        for name, shape, fast, loop, loop_name, expected in plan:
             bar.update(f"{name} {shape.label}")
             try:
-                rows.append(_measure(name, shape, fast, loop, loop_name, fast_name, repeats, dev))
+                row, detail = _measure(name, shape, fast, loop, loop_name, fast_name, repeats, dev, expected)
+                rows.append(row)
+                if detail is not None:
+                    mismatches.append(f"{name} {shape.label}: {detail}")
             except Exception as e:  # report it and go on with the other estimators
                 rows.append([name, shape.label, fast_name, "error", "-", "-", "-"])
                 errors.append(f"{name} {shape.label}: {type(e).__name__}: {e}")
@@ -392,6 +432,8 @@ def run(device: Optional[str] = None, repeats: Optional[int] = None, quick: bool
     print()
     for line in errors:
         print(f"error: {line}")
+    for line in mismatches:
+        print(f"mismatch: {line}")
     if failures:
         print(f"{failures} of {len(plan)} runs failed or differ from the reference beyond "
               "float32 tolerance.")

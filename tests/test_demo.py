@@ -59,3 +59,33 @@ def test_demo_oracle_rows_catch_a_wrong_result(monkeypatch):
     monkeypatch.setattr(rt, "group_advantages", lambda *a, **k: true_group_advantages(*a, **k) * 1.01)
     (_, _, fast, expected), = [c for c in demo.oracle_calls(shape, torch.device("cpu")) if c[0] == "group_advantages"]
     assert not demo.max_error(fast(), expected())[1]
+
+
+def test_a_mismatch_names_its_element_the_oracle_and_a_second_call(capsys, monkeypatch):
+    """A row that differs beyond tolerance fails the demo, and a line after the table names the
+    element that differs most, the float64 oracle's value there (so it says which side is wrong)
+    and what a second call of each side gives (whether a side changes from call to call)."""
+    true_vtrace = rt.vtrace
+    calls = []
+
+    def off_once(*args, **kwargs):  # the first fast call of the demo's vtrace row is off at one element
+        out = true_vtrace(*args, **kwargs)
+        if kwargs.get("backend") == "auto":
+            calls.append(1)
+            if len(calls) == 1:
+                out[1][5, 3] += 0.5
+        return out
+
+    monkeypatch.setattr(rt, "vtrace", off_once)
+    assert main(["--quick", "--repeats", "1", "--device", "cpu", "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("mismatch: vtrace ")]
+    problem = dict(demo.rollout_problems(demo.Shape((128, 64), 0), torch.device("cpu")))["vtrace"]
+    expected = problem.expected()[1][5, 3]
+    reference = problem.call("torch")[1][5, 3].item()
+    fast, oracle, again = line.split("fast ")[1], line.split("float64 oracle ")[1], line.split("called again: ")[1]
+    assert "output 1 at [5, 3]" in line
+    assert abs(float(fast.split(",")[0]) - (reference + 0.5)) < 1e-4
+    assert abs(float(oracle.split(";")[0]) - expected) < 1e-4
+    assert abs(float(again.split("fast ")[1].split(",")[0]) - reference) < 1e-4
+    assert abs(float(again.split("reference ")[1]) - reference) < 1e-4
