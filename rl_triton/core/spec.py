@@ -79,13 +79,17 @@ def _modes(kw: dict) -> dict:
         done_mode = DONE_ARRAY
     else:
         done_mode = DONE_TERM_OR_TRUNC
+    kl_mode = KL_NONE
+    for k, estimator in enumerate(KL_ESTIMATORS):  # a plain loop: torch 2.6's dynamo traces no next() default
+        if kw.get(f"kl_{estimator}") is not None:
+            kl_mode = k + 1 + (KL_CLAMPED if kw.get("kl_clamp") is not None else 0)
+            break
     return {
         "nv_mode": NV_IMPLIED if kw.get("next_values") is None else
         NV_EXPLICIT if kw.get("bootstrap_value") is None else NV_EXPLICIT_EDGE,
         "done_mode": done_mode,
         "ev_mode": EV_GIVEN if kw.get("next_expected_q") is not None else EV_PAIRS,
-        "kl_mode": next((k + 1 + (KL_CLAMPED if kw.get("kl_clamp") is not None else 0)
-                         for k, e in enumerate(KL_ESTIMATORS) if kw.get(f"kl_{e}") is not None), KL_NONE),
+        "kl_mode": kl_mode,
     }
 
 
