@@ -32,9 +32,7 @@ framework's call reads NumPy arrays (SB3, RLlib's connector) are CPU rows and sk
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 import types
 from typing import Callable, Dict, List, NamedTuple
 
@@ -429,30 +427,6 @@ def largest_difference(theirs: tuple, ours: tuple) -> float:
     return worst
 
 
-def full_call_us(fn: Callable[[], object], calls: int) -> float:
-    """The median over ``calls`` calls of CUDA events around one call after a synchronize (us)."""
-    times = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(1e3 * start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def back_to_back_us(fn: Callable[[], object], calls: int) -> float:
-    """``calls`` calls issued back to back, one synchronize at the end, per call (us)."""
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return 1e6 * (time.perf_counter() - start) / calls
-
-
 def replay_of(fn: Callable[[], object]) -> Callable[[], object]:
     """A CUDA graph of one call of ``fn`` (captured on a side stream after a warm-up there), as
     a function that replays it; raises where the call cannot be captured (it synchronises)."""
@@ -469,7 +443,10 @@ def replay_of(fn: Callable[[], object]) -> Callable[[], object]:
 
 
 def gpu_alternate(impls: Dict[str, Callable[[], object]], rounds: int, calls: int) -> Dict[str, List[float]]:
-    """Per implementation and round, ``full_call_us`` (seconds); the order rotates per round."""
+    """Per implementation and round, the median full call of ``calls`` calls (benchmarks/run.py's
+    ``_full_call_round``), in seconds; the order rotates per round."""
+    from run import _full_call_round
+
     names = list(impls)
     for fn in impls.values():
         fn()
@@ -477,7 +454,7 @@ def gpu_alternate(impls: Dict[str, Callable[[], object]], rounds: int, calls: in
     for r in range(rounds):
         k = r % len(names)
         for name in names[k:] + names[:k]:
-            times[name].append(1e-6 * full_call_us(impls[name], calls))
+            times[name].append(1e-6 * _full_call_round(impls[name], calls))
     return times
 
 
@@ -521,6 +498,8 @@ def run(names, T: int, N: int, rounds: int = 9, batch_s: float = 0.05, atol: flo
 
 
 def _gpu_row(name, call, row: Row, rounds: int, calls: int, diff: float, bad: bool) -> str:
+    from run import _throughput_round
+
     try:
         replay = replay_of(row.ours)
     except Exception as e:  # noqa: BLE001 - a call that cannot be captured has no replay column
@@ -530,7 +509,7 @@ def _gpu_row(name, call, row: Row, rounds: int, calls: int, diff: float, bad: bo
         impls["replay"] = replay
     times = gpu_alternate(impls, rounds, calls)
     us = {k: spread([1e6 * t for t in v], "{:.1f}") for k, v in times.items()}
-    b2b = {k: f"{back_to_back_us(fn, 10 * calls):.1f}" for k, fn in impls.items()}
+    b2b = {k: f"{_throughput_round(fn, 10 * calls):.1f}" for k, fn in impls.items()}
     vs_theirs = spread(ratios(times["ours"], times["theirs"]), "{:.2f}", "x")
     if replay is None:
         replay_cells = f"{why} | | {b2b['ours']} |"
