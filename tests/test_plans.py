@@ -150,6 +150,35 @@ def test_out_aliasing_an_input_on_a_repeated_call(backend):
         q.call(backend, out=(both, both))
 
 
+def test_the_hit_paths_overlap_expression_is_the_plans_overlap_check():
+    """The generated hit path checks out= against the inputs with one expression of the data
+    pointers (``Plan._overlap_condition``); it says what ``Plan._overlap`` says for every
+    placement of the tensors, meeting or not, at the boundaries included."""
+    plans.clear()
+    p = make("gae", (4, 9), "done", seed=0)
+    p.call("cpu", out=(torch.empty(p.shape), torch.empty(p.shape)))
+    plan = _plans()[0]
+    assert plan.out_sources
+    condition = compile(plan._overlap_condition(), "<condition>", "eval")
+
+    class At:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def data_ptr(self):
+            return self.ptr
+
+    rng = np.random.default_rng(0)
+    longest = max(hi - lo for lo, hi in plan.spans)
+    met = 0
+    for _ in range(3000):
+        ptrs = [int(x) for x in rng.integers(0, 3 * longest, len(plan.sources))]
+        want = plan._overlap([At(x) for x in ptrs])
+        met += want
+        assert eval(condition, {f"d{k}": x for k, x in enumerate(ptrs)}) == want
+    assert 0 < met < 3000
+
+
 def test_grad_mode_is_part_of_the_signature():
     r = torch.randn(4, 9, requires_grad=True)
     v = torch.randn(4, 9)

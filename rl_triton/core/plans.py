@@ -407,8 +407,8 @@ class Plan:
                 namespace[f"_make{j}"] = make
                 lines.append(f"o{j}, w{j} = _make{j}()")
         if self.out_sources:
-            namespace["_overlap"] = self._overlap
-            lines += [f"if _overlap([{', '.join(var.values())}]):", "    return None"]
+            lines += [f"d{k} = s{k}.data_ptr()" for k in range(len(self.sources))]
+            lines += [f"if {self._overlap_condition()}:", "    return None"]
         launch = self._pointer_lines(namespace) if self.pointers else self._array_lines(namespace)
         if launch is None:
             return None
@@ -424,7 +424,7 @@ class Plan:
         lines, pointers = [], []
         for m, (k, offset) in enumerate(self.pointer_slots):
             if k < n_src:
-                expr = f"s{k}.data_ptr()"
+                expr = f"d{k}" if self.out_sources else f"s{k}.data_ptr()"
             elif k < n_src + n_out:
                 expr = f"o{k - n_src}.data_ptr()"
             else:
@@ -502,6 +502,17 @@ class Plan:
         for pos, k, offset, shape, strides, seen in self.slots:
             args[pos] = _seen_as(seen_as[k], sources[k], offset, shape, strides, seen)
         return args, views
+
+    def _overlap_condition(self) -> str:
+        """``_overlap`` as one Python expression of the sources' data pointers ``d0, d1, ...``:
+        outputs j and k meet where lo_j - hi_k < d_k - d_j < hi_j - lo_k (their spans, the
+        constants of this signature), each pair written once."""
+        pairs = sorted({(min(j, k), max(j, k)) for j, others in self.out_sources for k in others})
+        terms = []
+        for j, k in pairs:
+            (lo_j, hi_j), (lo_k, hi_k) = self.spans[j], self.spans[k]
+            terms.append(f"{lo_j - hi_k} < d{k} - d{j} < {hi_j - lo_k}")
+        return " or ".join(terms)
 
     def _overlap(self, sources) -> bool:
         """Whether a caller's output meets another of the call's tensors in memory."""
