@@ -5,7 +5,11 @@ microseconds and the call's Python is most of its time: this is where a drop-in'
 handling, flag conversions, casts and host reads show. Each row times the framework's own call
 and the drop-in's on the same inputs (separate outputs, so in-place writers do not share them),
 alternating (benchmarks/common.py's ``alternate``): median microseconds per call over the rounds
-(lowest-highest round) and the drop-in's time over the framework's within each round.
+(lowest-highest round) and the drop-in's time over the framework's within each round. Beside
+them, the drop-in's first call of a signature (the library's call plans cleared, the kernels
+already compiled: validation, the plan's making and its first launch) and its second call (the
+plan's hit function written; with ``RL_TRITON_GRAPHS=1`` the call that captures a graph where
+the same tensors come again), one call each, median over the rounds.
 
 The framework's function is the installed package's where it imports; for the frameworks this
 environment lacks, the transcriptions in rl_triton/testing/frameworks.py and sim_frameworks.py
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import types
 from typing import Callable, Dict, List, NamedTuple
 
@@ -40,6 +45,7 @@ import numpy as np
 import torch
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # after PYTHONPATH
+from rl_triton.core import plans  # noqa: E402
 from rl_triton.testing import frameworks, sim_frameworks  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -458,6 +464,28 @@ def gpu_alternate(impls: Dict[str, Callable[[], object]], rounds: int, calls: in
     return times
 
 
+def one_call_us(fn: Callable[[], object]) -> float:
+    """Microseconds of one call of ``fn``: CUDA events around it after a synchronize on the GPU,
+    the wall clock on the CPU."""
+    if DEVICE.type == "cuda":
+        from run import _full_call_round
+        return _full_call_round(fn, 1)
+    start = time.perf_counter()
+    fn()
+    return 1e6 * (time.perf_counter() - start)
+
+
+def first_calls(fn: Callable[[], object], rounds: int) -> Dict[str, List[float]]:
+    """Per round, microseconds of the first and the second call of ``fn`` after the library's
+    call plans (and their graphs) are cleared."""
+    times: Dict[str, List[float]] = {"first": [], "second": []}
+    for _ in range(rounds):
+        plans.clear()
+        times["first"].append(one_call_us(fn))
+        times["second"].append(one_call_us(fn))
+    return times
+
+
 def run(names, T: int, N: int, rounds: int = 9, batch_s: float = 0.05, atol: float = 1e-4,
         timer=alternate, out=print, calls: int = 30) -> bool:
     """Check and time each row of ``ROWS`` named in ``names``; print the table with ``out``.
@@ -466,23 +494,24 @@ def run(names, T: int, N: int, rounds: int = 9, batch_s: float = 0.05, atol: flo
     gpu = DEVICE.type == "cuda"
     if gpu:
         out("| framework | call | source | framework's call: full (us) | drop-in: full (us) | drop-in / framework "
-            "| replay of the drop-in's kernels: full (us) | drop-in / replay | drop-in back to back (us) "
-            "| replay back to back (us) | largest difference |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+            f"| {FIRST_COLUMNS} | replay of the drop-in's kernels: full (us) | drop-in / replay "
+            "| drop-in back to back (us) | replay back to back (us) | largest difference |"
+            "\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     else:
-        out("| framework | call | source | framework's call (us) | drop-in (us) | drop-in / framework | "
-            "largest difference |\n|---|---|---|---:|---:|---:|---:|")
+        out(f"| framework | call | source | framework's call (us) | drop-in (us) | drop-in / framework | {FIRST_COLUMNS} "
+            "| largest difference |\n|---|---|---|---:|---:|---:|---:|---:|---:|")
     ok = True
     for name in names:
         call, build = ROWS[name]
         try:
             row = build(T, N)
         except Skip as e:
-            out(f"| {name} | {call} | skipped: {e} | | | | |")
+            out(f"| {name} | {call} | skipped: {e} | | | | | | |")
             continue
         try:
             diff = largest_difference(row.theirs(), row.ours())
         except Exception as e:  # noqa: BLE001 - reported, then the exit status says so
-            out(f"| {name} | {call} | {row.source} | | error: {type(e).__name__}: {e} | | FAILS |")
+            out(f"| {name} | {call} | {row.source} | | error: {type(e).__name__}: {e} | | | | FAILS |")
             ok = False
             continue
         bad = not diff <= atol
@@ -493,8 +522,17 @@ def run(names, T: int, N: int, rounds: int = 9, batch_s: float = 0.05, atol: flo
         times = timer({"theirs": row.theirs, "ours": row.ours}, rounds, batch_s)
         us = [spread([1e6 * t for t in times[k]], "{:.1f}") for k in ("theirs", "ours")]
         out(f"| {name} | {call} | {row.source} | {us[0]} | {us[1]} | "
-            f"{spread(ratios(times['ours'], times['theirs']), '{:.2f}', 'x')} | {diff:.1e}{' FAILS' if bad else ''} |")
+            f"{spread(ratios(times['ours'], times['theirs']), '{:.2f}', 'x')} | {_first_cells(row.ours, rounds)} | "
+            f"{diff:.1e}{' FAILS' if bad else ''} |")
     return ok
+
+
+FIRST_COLUMNS = "drop-in: first call of its signature (us) | second call (us)"
+
+
+def _first_cells(fn, rounds: int) -> str:
+    times = first_calls(fn, rounds)
+    return f"{spread(times['first'], '{:.1f}')} | {spread(times['second'], '{:.1f}')}"
 
 
 def _gpu_row(name, call, row: Row, rounds: int, calls: int, diff: float, bad: bool) -> str:
@@ -516,7 +554,8 @@ def _gpu_row(name, call, row: Row, rounds: int, calls: int, diff: float, bad: bo
     else:
         replay_cells = (f"{us['replay']} | {spread(ratios(times['ours'], times['replay']), '{:.2f}', 'x')} | "
                         f"{b2b['ours']} | {b2b['replay']}")
-    return (f"| {name} | {call} | {row.source} | {us['theirs']} | {us['ours']} | {vs_theirs} | {replay_cells} | "
+    return (f"| {name} | {call} | {row.source} | {us['theirs']} | {us['ours']} | {vs_theirs} | "
+            f"{_first_cells(row.ours, rounds)} | {replay_cells} | "
             f"{diff:.1e}{' FAILS' if bad else ''} |")
 
 

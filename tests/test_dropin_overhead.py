@@ -52,6 +52,27 @@ def test_every_row_runs_and_agrees_with_its_framework(name, monkeypatch):
         return
     assert "FAILS" not in rows[0] and "error" not in rows[0]
     assert "| 40.0 (40.0-40.0) | 10.0 (10.0-10.0) | 0.25x (0.25-0.25) |" in rows[0]
+    first, second = rows[0].split(" | ")[6:8]  # the drop-in's first and second call, real times
+    assert all(float(cell.split(" ")[0]) > 0 for cell in (first, second)), rows[0]
+
+
+def test_the_first_call_of_a_signature_is_timed_with_the_plans_cleared(monkeypatch):
+    """``first_calls`` clears the library's plans before each round's pair of calls, so its first
+    call takes the full path and leaves a plan, and its second runs that plan."""
+    from rl_triton.core import plans
+
+    seen = []
+    r, v = torch.randn(4, 9), torch.randn(4, 9)
+
+    def call():
+        import rl_triton
+
+        seen.append(len([p for p in plans._plans.values() if p is not plans._NO_PLAN]))
+        return rl_triton.gae(r, v, backend="cpu")
+
+    times = bench.first_calls(call, rounds=3)
+    assert seen == [0, 1] * 3
+    assert [len(t) for t in times.values()] == [3, 3] and all(t > 0 for ts in times.values() for t in ts)
 
 
 def _broken(T, N):
