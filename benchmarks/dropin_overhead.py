@@ -498,8 +498,8 @@ def run(names, T: int, N: int, rounds: int = 9, batch_s: float = 0.05, atol: flo
             "| drop-in back to back (us) | replay back to back (us) | largest difference |"
             "\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     else:
-        out(f"| framework | call | source | framework's call (us) | drop-in (us) | drop-in / framework | {FIRST_COLUMNS} "
-            "| largest difference |\n|---|---|---|---:|---:|---:|---:|---:|---:|")
+        out(f"| framework | call | source | framework's call (us) | drop-in (us) | drop-in / framework "
+            f"| {FIRST_COLUMNS} | largest difference |\n|---|---|---|---:|---:|---:|---:|---:|---:|")
     ok = True
     for name in names:
         call, build = ROWS[name]
