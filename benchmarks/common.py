@@ -112,3 +112,36 @@ def synced(fn: Callable[[], object], device: str) -> Callable[[], object]:
         return out
 
     return call
+
+
+def one_call_us(fn: Callable[[], object], device: str) -> float:
+    """Microseconds of one call of ``fn``: CUDA events around it after a synchronize where
+    ``device`` is a CUDA device, the wall clock otherwise."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3
+    start = time.perf_counter()
+    fn()
+    return 1e6 * (time.perf_counter() - start)
+
+
+def first_calls(fn: Callable[[], object], rounds: int, device: str) -> Dict[str, List[float]]:
+    """Per round, microseconds of the first and the second call of ``fn`` after rl_triton's call
+    plans (and their graphs) are cleared: the first call of a signature (validation, the plan's
+    making, its first launch) and the second (the plan's hit function written; with
+    ``RL_TRITON_GRAPHS=1`` the call that captures where the same tensors come again)."""
+    from rl_triton.core import plans
+
+    times: Dict[str, List[float]] = {"first": [], "second": []}
+    for _ in range(rounds):
+        plans.clear()
+        times["first"].append(one_call_us(fn, device))
+        times["second"].append(one_call_us(fn, device))
+    return times

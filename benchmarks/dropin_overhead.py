@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import types
 from typing import Callable, Dict, List, NamedTuple
 
@@ -45,11 +44,10 @@ import numpy as np
 import torch
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # after PYTHONPATH
-from rl_triton.core import plans  # noqa: E402
 from rl_triton.testing import frameworks, sim_frameworks  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import alternate, machine, parser, ratios, set_threads, spread  # noqa: E402
+from common import alternate, first_calls, machine, parser, ratios, set_threads, spread  # noqa: E402
 
 GAMMA, LAM = 0.99, 0.95
 DEVICE = torch.device("cpu")
@@ -464,28 +462,6 @@ def gpu_alternate(impls: Dict[str, Callable[[], object]], rounds: int, calls: in
     return times
 
 
-def one_call_us(fn: Callable[[], object]) -> float:
-    """Microseconds of one call of ``fn``: CUDA events around it after a synchronize on the GPU,
-    the wall clock on the CPU."""
-    if DEVICE.type == "cuda":
-        from run import _full_call_round
-        return _full_call_round(fn, 1)
-    start = time.perf_counter()
-    fn()
-    return 1e6 * (time.perf_counter() - start)
-
-
-def first_calls(fn: Callable[[], object], rounds: int) -> Dict[str, List[float]]:
-    """Per round, microseconds of the first and the second call of ``fn`` after the library's
-    call plans (and their graphs) are cleared."""
-    times: Dict[str, List[float]] = {"first": [], "second": []}
-    for _ in range(rounds):
-        plans.clear()
-        times["first"].append(one_call_us(fn))
-        times["second"].append(one_call_us(fn))
-    return times
-
-
 def run(names, T: int, N: int, rounds: int = 9, batch_s: float = 0.05, atol: float = 1e-4,
         timer=alternate, out=print, calls: int = 30) -> bool:
     """Check and time each row of ``ROWS`` named in ``names``; print the table with ``out``.
@@ -531,7 +507,7 @@ FIRST_COLUMNS = "drop-in: first call of its signature (us) | second call (us)"
 
 
 def _first_cells(fn, rounds: int) -> str:
-    times = first_calls(fn, rounds)
+    times = first_calls(fn, rounds, DEVICE.type)
     return f"{spread(times['first'], '{:.1f}')} | {spread(times['second'], '{:.1f}')}"
 
 

@@ -2,7 +2,8 @@
 synchronize at the end, per call) of an empty Triton kernel, the engine launched directly with
 prepared arguments, ``kernels.run`` on validated views, the function a call plan generates for
 the signature called directly (what an explicit reusable handle would cost: no signature key),
-and the public ``rl_triton.gae``; then a cProfile of the public call. ``--cpu`` does the same for
+and the public ``rl_triton.gae``; the public call's first call of a signature (call plans
+cleared) and its second beside it; then a cProfile of the public call. ``--cpu`` does the same for
 the numba backend on CPU tensors, with a row for the Python above the backend alone (``cpu.run``
 replaced by a no-op).
 
@@ -23,7 +24,7 @@ import rl_triton as rt  # noqa: E402
 from rl_triton.core import cpu, kernels, plans, spec  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import parser  # noqa: E402
+from common import first_calls, parser, spread  # noqa: E402
 from run import _empty_kernel  # noqa: E402
 
 
@@ -102,6 +103,10 @@ def main():
         print(f"  {name:44s} {per_call_us(fn):7.1f}")
     if not args.cpu:
         print(f"  compiled kernels launched directly: {len(kernels._compiled)}")
+    print("one call (synchronized), median (lowest-highest) of 9, with the call plans cleared before the first:")
+    for name, fn in rows[-2:]:
+        times = first_calls(fn, 9, dev)
+        print(f"  {name:44s} first call of its signature {spread(times['first'])}, second {spread(times['second'])}")
     for name, fn in rows[1:] if args.profile else ():
         print(f"\ncProfile of {name}:")
         prof = cProfile.Profile()

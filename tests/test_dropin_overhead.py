@@ -57,8 +57,9 @@ def test_every_row_runs_and_agrees_with_its_framework(name, monkeypatch):
 
 
 def test_the_first_call_of_a_signature_is_timed_with_the_plans_cleared(monkeypatch):
-    """``first_calls`` clears the library's plans before each round's pair of calls, so its first
-    call takes the full path and leaves a plan, and its second runs that plan."""
+    """``first_calls`` (benchmarks/common.py) clears the library's plans before each round's pair
+    of calls, so its first call takes the full path and leaves a plan, and its second runs that
+    plan."""
     from rl_triton.core import plans
 
     seen = []
@@ -70,7 +71,7 @@ def test_the_first_call_of_a_signature_is_timed_with_the_plans_cleared(monkeypat
         seen.append(len([p for p in plans._plans.values() if p is not plans._NO_PLAN]))
         return rl_triton.gae(r, v, backend="cpu")
 
-    times = bench.first_calls(call, rounds=3)
+    times = bench.first_calls(call, 3, "cpu")
     assert seen == [0, 1] * 3
     assert [len(t) for t in times.values()] == [3, 3] and all(t > 0 for ts in times.values() for t in ts)
 
