@@ -53,7 +53,7 @@ import torch
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_here, os.path.join(_here, "..")]
 import rl_triton as rt  # noqa: E402
-from common import alternate, machine, parser, ratios, spread  # noqa: E402
+from common import alternate, machine, one_call_us, parser, ratios, spread  # noqa: E402
 from peers import Problem, load_external_peers, max_error, testing  # noqa: E402
 
 GRID = ["4096x128", "64x512", "1024x1024", "16384x512", "128x4096", "32768x8", "4096x32", "16384x16",
@@ -96,16 +96,7 @@ def full_call_us(fn, n=200, budget_s=0.5):
 
 def _full_call_round(fn, n=25) -> float:
     """Median full call (CUDA events around one call after a synchronize) of ``n`` calls."""
-    times = []
-    for _ in range(n):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return statistics.median([one_call_us(fn, "cuda") for _ in range(n)])
 
 
 class NotCaptured(Exception):
