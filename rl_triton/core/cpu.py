@@ -595,6 +595,30 @@ def discounted_return(rewards, next_values, carry, terminated, done, truncated, 
         _edge(edge, i, acc, gain)
 
 
+@loop(spec.NSTEP_RETURN)
+def nstep_return(rewards, next_values, terminated, done, truncated, last_done, gamma, n, done_mode, returns, edge):
+    """Each step's window read directly, O(min(n, T)) steps per output (no scan, no edge map):
+    the sum of the window's discounted rewards, in float64, then the bootstrap of its last step
+    unless that step terminates, in the order of the float64 oracle's loop."""
+    R, T = rewards.shape
+    for i in prange(R):
+        for t in range(T):
+            total = 0.0
+            discount = 1.0
+            for s in range(t, min(t + n, T)):
+                nterm, ndone = _flags(terminated[i, s], done[i, s], done[i, min(s + 1, T - 1)], truncated[i, s],
+                                      last_done[i], done_mode, s == T - 1)
+                total += discount * rewards[i, s]
+                if nterm == 0:
+                    break
+                g = gamma[i, s] * 1.0
+                if ndone == 0 or s == t + n - 1 or s == T - 1:
+                    total += discount * g * next_values[i, s]
+                    break
+                discount *= g
+            returns[i, t] = total
+
+
 @loop(spec.VTRACE)
 def vtrace(rewards, values, carry, next_values, bootstrap_value, log_pi, log_mu, terminated, done, truncated,
            last_done, gamma, lmbda, rho_bar, c_bar, rho_bar_pg, nv_mode, done_mode, vs, pg_advantages, edge):
@@ -755,7 +779,7 @@ def _kernel(fn, arg_kinds, dtype: np.dtype, parallel: bool, kl: bool = True):
             # F-contiguous [R, T] rows of time-major memory (rows adjacent: the inner loop's stride)
             "F2": nb.types.Array(ft, 2, "F", readonly=True), "oF2": nb.types.Array(ft, 2, "F"),
             "Fu2": nb.types.Array(nb.types.uint8, 2, "F", readonly=True),
-            "s": nb.types.float64, "i": nb.types.int64, "b": nb.types.boolean,
+            "s": nb.types.float64, "i": nb.types.int64, "n": nb.types.int64, "b": nb.types.boolean,
         }
         sig = nb.types.void(*(types[k] for k in arg_kinds))
         fastmath = {"reassoc", "contract"} if fn.__name__ in REASSOCIATE else False
@@ -918,7 +942,7 @@ def _adapt(kind: str, x, rows: int, steps: int, dtype: torch.dtype):
         if kind[0] == "u":
             return _flag_bytes(x)
         return (x if x.dtype == dtype else x.to(dtype)).numpy()
-    if kind in ("s", "i", "b"):
+    if kind in ("s", "i", "n", "b"):
         return x
     if kind[0] == "u":
         return _constant(0, np.uint8, (rows, steps)[: int(kind[1])])
