@@ -51,7 +51,8 @@ def nstep_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated, k_sr,
     window)."""
     r_idx = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rows = r_idx.to(tl.int64)[:, None]
-    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
+    # steps in int64: a step times the time stride of a wide time-major rollout passes 2**31
+    t = (tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)[None, :]
     inside = (r_idx[:, None] < R) & (t < T)
     total = tl.zeros((BLOCK_R, BLOCK_T), ACC)
     discount = tl.full((BLOCK_R, BLOCK_T), 1.0, ACC)
