@@ -274,3 +274,47 @@ def test_next_values_must_broadcast_to_the_rewards():
     p = _problem(51)
     with pytest.raises(ValueError, match="next_values has shape"):
         rl_triton.nstep_return(p["rewards"], p["next_values"][:, :5], n=2)
+
+
+@pytest.mark.parametrize("form", ["episode_starts", "terminated"])
+def test_the_direct_launch_passes_the_dispatched_arguments(form, monkeypatch):
+    """The Triton launch from data pointers (call plans on the GPU) hands the compiled kernel the
+    arguments the first launch gave Triton's dispatch, a tensor's data pointer in its place, then
+    the constexprs in the kernel's order; here with stand-ins for Triton's launches (no GPU)."""
+    pytest.importorskip("triton")
+    from rl_triton.core import spec
+    from rl_triton.core.kernels import nstep
+
+    dispatched, direct = [], []
+
+    class Kernel:
+        arg_names = nstep.nstep_kernel.arg_names
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: dispatched.append((grid, args, kwargs)) or "compiled"
+
+    monkeypatch.setattr(nstep, "nstep_kernel", Kernel())
+    monkeypatch.setattr(nstep, "launchable", lambda kernel: kernel == "compiled")
+    monkeypatch.setattr(nstep, "direct_launch_ok", lambda device: True)
+    monkeypatch.setattr(nstep, "current_stream", lambda device: "stream")
+    monkeypatch.setattr(nstep, "launch_compiled", lambda kernel, g0, g1, stream, *args: direct.append(
+        (kernel, (g0, g1), stream, args)))
+    p = _problem(44, torch.float32)
+    kw, _, _ = _flags(p, form)
+    # the kernel's flag group: observation-aligned flags hold the episode starts in the done slot
+    args = spec.NSTEP_RETURN.bind(rewards=p["rewards"], next_values=p["next_values"], gamma=p["gamma"], n=4,
+                                  terminated=kw.get("terminated"), truncated=kw.get("truncated"),
+                                  done=kw.get("episode_starts"), last_done=kw.get("last_done"))
+    out = torch.empty_like(p["rewards"])
+    launch = nstep.Launch(spec.NSTEP_RETURN, args, [out])
+    launch.launch(args, [out])
+    launch.launch(args, [out])
+    assert len(dispatched) == 1 and len(direct) == 1
+    grid, given, constexprs = dispatched[0]
+    kernel, direct_grid, stream, passed = direct[0]
+    assert (kernel, direct_grid, stream) == ("compiled", grid, "stream")
+    names = Kernel.arg_names
+    assert len(given) + len(constexprs) - 1 == len(names) and constexprs["num_warps"] == nstep.NUM_WARPS
+    assert names[len(given):] == list(nstep._CONSTEXPRS)
+    expected = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in given]
+    assert list(passed) == expected + [constexprs[name] for name in names[len(given):]]

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from .. import spec
-from . import _cdiv, _pow2, _scalar
+from . import _cdiv, _pow2, _scalar, current_stream, direct_launch_ok, launch_compiled, launchable
 
 # a tile of about TILE elements: along the rows' contiguous axis, up to 128 of it
 TILE = 1024
@@ -100,13 +100,21 @@ def nstep_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated, k_sr,
 
 # the kernel's tensor inputs in its order, each followed by its strides (last_done: one)
 _TENSORS = ("rewards", "next_values", "terminated", "done", "truncated", "last_done", "gamma")
+_CONSTEXPRS = ("HAS_TERM", "HAS_TRUNC", "DONE_MODE", "GAMMA_TENSOR", "ACC", "BLOCK_R", "BLOCK_T")
 
 
 class Launch:
-    """The n-step launch for one call signature (rl_triton/core/launch.py's ``prepare``):
-    ``launch(args, outs)`` on ``[R, T]`` views (``args``: ``spec.NSTEP_RETURN.Args``), through
-    Triton's dispatch on every call. The tile runs along the axis the rows hold contiguous:
-    time in batch-major memory, the rows in time-major memory."""
+    """The n-step launch for one call signature (rl_triton/core/launch.py's ``prepare``). The
+    tile runs along the axis the rows hold contiguous: time in batch-major memory, the rows in
+    time-major memory.
+
+    ``launch(args, outs)`` runs on ``[R, T]`` views (``args``: ``spec.NSTEP_RETURN.Args`` or a
+    call plan's list of them): through Triton's dispatch the first time an alignment of the data
+    pointers is met, which compiles or finds the kernel, then from the compiled kernel.
+    ``launch_direct(ptrs)``, for a call plan: the same from the data pointers of
+    ``tensor_slots`` (the present inputs in the kernel's order, then the output), or False where
+    no kernel is compiled for their alignment, launch hooks are set or another device is
+    current (nothing launched)."""
 
     tiles = 0
     constants: dict = {}
@@ -123,37 +131,64 @@ class Launch:
         else:
             block_t = min(_pow2(T), 128)
             block_r = min(_pow2(R), max(1, TILE // block_t))
+        self.device = ref.device
         self.grid = (_cdiv(R, block_r), _cdiv(T, block_t))
-        self.sizes = (R, T, min(args.n, T))
-        self.gamma_tensor = isinstance(args.gamma, torch.Tensor)
-        self.gamma_value = 0.0 if self.gamma_tensor else float(args.gamma) if acc64 else _scalar(args.gamma)
+        gamma = args.gamma
         self.constexprs = dict(HAS_TERM=args.terminated is not None, HAS_TRUNC=args.truncated is not None,
-                               DONE_MODE=args.done_mode, GAMMA_TENSOR=self.gamma_tensor, ACC=tl.float64 if acc64 else tl.float32,
-                               BLOCK_R=block_r, BLOCK_T=block_t, num_warps=NUM_WARPS)
-        # the inputs' positions in the arguments (a call plan passes them as a list)
+                               DONE_MODE=args.done_mode, GAMMA_TENSOR=isinstance(gamma, torch.Tensor),
+                               ACC=tl.float64 if acc64 else tl.float32, BLOCK_R=block_r, BLOCK_T=block_t)
+        # the kernel's arguments after the tensors' (gamma's value, the output's strides, the
+        # sizes), and the constexprs in its order (a compiled kernel's launcher takes them too)
+        number = 0.0 if isinstance(gamma, torch.Tensor) else float(gamma) if acc64 else _scalar(gamma)
+        self.tail = (number, (R, T, min(args.n, T)), tuple(self.constexprs[name] for name in _CONSTEXPRS))
+        # the inputs' positions in the arguments (a call plan passes a list of them)
         self.positions = tuple((name, algo.names.index(name)) for name in _TENSORS)
-        self.tensor_slots = tuple(pos for _, pos in self.positions
-                                  if isinstance(args[pos], torch.Tensor)) + (len(algo.names),)
+        present = [isinstance(args[pos], torch.Tensor) for _, pos in self.positions]
+        self.tensor_slots = tuple(pos for (_, pos), p in zip(self.positions, present) if p) + (len(algo.names),)
+        # per input in the kernel's order: its index among tensor_slots (absent: the rewards'
+        # pointer stands in), its strides
+        self.strides = []
+        index = 0
+        for (name, pos), p in zip(self.positions, present):
+            x = args[pos]
+            self.strides.append((index if p else 0, (x.stride(0),) if name == "last_done" and p else
+                                 x.stride() if p else (0,) if name == "last_done" else (0, 0)))
+            index += p
+        self.out_strides = tuple(outs[0].stride())
+        self.kernels: dict = {}  # the pointers' alignment -> the compiled kernel
+        self.last_aligned = None
+
+    def _arguments(self, inputs: list, out) -> list:
+        """The kernel's arguments up to its constexprs, from the present inputs (tensors or data
+        pointers, in the kernel's order) and the output."""
+        packed = []
+        for index, strides in self.strides:
+            packed += [inputs[index], *strides]
+        number, sizes, _ = self.tail
+        return packed + [number, out, *self.out_strides, *sizes]
 
     def launch(self, args, outs, parts=None) -> None:
-        ref = args[0]
-        (out,) = outs
-        packed = []
-        for name, pos in self.positions:
-            x = args[pos]
-            present = isinstance(x, torch.Tensor)
-            packed.append(x if present else ref)
-            if name == "last_done":
-                packed.append(x.stride(0) if present else 0)
-            else:
-                packed.extend(x.stride() if present else (0, 0))
-        packed += [self.gamma_value, out, *out.stride()]
-        with _on_device(ref.device):
-            nstep_kernel[self.grid](*packed, *self.sizes, **self.constexprs)
+        tensors = [args[pos] for pos in self.tensor_slots[:-1]] + [outs[0]]
+        if self.launch_direct([t.data_ptr() for t in tensors]):
+            return
+        with _on_device(self.device):
+            kernel = nstep_kernel[self.grid](*self._arguments(tensors[:-1], tensors[-1]), **self.constexprs,
+                                             num_warps=NUM_WARPS)
+        if launchable(kernel):
+            self.kernels[self.last_aligned] = kernel
 
     def launch_direct(self, ptrs, parts=None) -> bool:
-        """No launch from data pointers: every launch goes through Triton's dispatch."""
-        return False
+        aligned = self.last_aligned = tuple(p % 16 == 0 for p in ptrs)
+        kernel = self.kernels.get(aligned)
+        if kernel is None or not direct_launch_ok(self.device):
+            return False
+        launch_compiled(kernel, self.grid[0], self.grid[1], current_stream(self.device),
+                        *self._arguments(ptrs[:-1], ptrs[-1]), *self.tail[2])
+        return True
+
+    def direct_source(self, pointers, namespace, aligned):
+        """No generated launch lines: a call plan launches through ``launch_direct``."""
+        return None
 
 
 def _on_device(device: torch.device):
