@@ -118,6 +118,24 @@ def test_time_major(n, dtype, tol, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_dims_strides_and_broadcasts(backend):
+    """``[B1, B2, T]`` rewards read through a step-2 view, next values broadcast over the rows
+    (``[T]``), transposed-memory flags and a per-row ``[B1, B2, 1]`` gamma."""
+    p = _problem(75, R=6)
+    wide = torch.zeros(6, 2 * T, dtype=torch.float64)
+    wide[:, ::2] = p["rewards"]
+    rewards = wide.view(2, 3, 2 * T)[..., ::2]
+    nv = p["next_values"][0]
+    term = p["terminated"].t().contiguous().t().reshape(2, 3, T)
+    gamma = p["gamma"][:, :1].reshape(2, 3, 1)
+    got = rl_triton.nstep_return(rewards, nv, n=4, terminated=term, gamma=gamma, backend=backend)
+    assert got.shape == (2, 3, T)
+    q = dict(p, next_values=nv.expand(6, T))
+    np.testing.assert_allclose(got.reshape(6, T).numpy(), _expected(q, 4, p["terminated"], p["terminated"],
+                                                                   p["gamma"][:, :1]), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision(dtype, backend):
     """float16/bfloat16 data accumulate in float32 (numba: float64) and come back in their dtype."""
