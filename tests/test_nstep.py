@@ -89,6 +89,55 @@ def test_every_flag_form(form, n, backend):
     np.testing.assert_allclose(got.numpy(), _expected(p, n, term, done, 0.95), rtol=1e-12, atol=1e-12)
 
 
+@pytest.fixture
+def blocks_from(monkeypatch):
+    """``blocks_from(m)``: numba's O(T) form (``cpu.nstep_return_blocks``) for every n > m, the
+    call plans made before and after forgotten (a plan keeps the kernel its first call chose)."""
+    from rl_triton.core import cpu, plans
+
+    def set_threshold(m):
+        plans.clear()
+        monkeypatch.setattr(cpu, "NSTEP_DIRECT_MAX", m)
+
+    yield set_threshold
+    plans.clear()
+
+
+@pytest.mark.parametrize("form", ["terminated+truncated", "done", "episode_starts", "none"])
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 17, 40, 61, 100])
+def test_the_blocks_form_matches_the_oracle(n, form, blocks_from):
+    """numba's O(T) form, blocks of n steps (a window crossing into the next block, ending at
+    a termination, a truncation or its n-th step there, or at the rollout's end), against the
+    oracle; per-step gamma, float64 and float32 data."""
+    blocks_from(1)
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        p = _problem(200 + n, dtype, R=4, steps=61)
+        kw, term, done = _flags(p, form)
+        got = rl_triton.nstep_return(p["rewards"], p["next_values"], n=n, **kw, gamma=p["gamma"], backend="cpu")
+        np.testing.assert_allclose(got.double().numpy(), _expected(p, n, term, done, p["gamma"], dtype), rtol=tol,
+                                   atol=tol)
+
+
+def test_the_blocks_form_reads_only_its_windows(blocks_from, monkeypatch):
+    """NaN and inf outside a window stay out of the O(T) form's returns too."""
+    monkeypatch.setenv("RL_TRITON_CHECK_VALUES", "0")
+    blocks_from(1)
+    p = _problem(32, steps=40)
+    p["rewards"][:, 21] = float("nan")
+    p["next_values"][:, 9] = float("inf")
+    gamma = torch.full((3, 40), 0.9, dtype=torch.float64)
+    term = torch.zeros(3, 40, dtype=torch.bool)
+    term[:, 30] = True
+    gamma[:, 30] = float("nan")
+    for n in (4, 7, 12):
+        got = rl_triton.nstep_return(p["rewards"], p["next_values"], n=n, terminated=term, gamma=gamma, backend="cpu")
+        expected = _expected(p, n, term, term, gamma)
+        # from step 22 on no window holds step 21 or ends at step 9; those up to 30 end at the
+        # termination, whose discount they do not read
+        assert np.isfinite(expected[:, 22:]).all() and np.isnan(expected[:, 21]).all()
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("shape", ["step", "row", "0-d"])

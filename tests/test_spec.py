@@ -19,7 +19,8 @@ PACKAGE = pathlib.Path(spec.__file__).resolve().parents[1]
 @pytest.mark.parametrize("name", list(spec.ALGORITHMS) + list(spec.WINDOWED))
 def test_numba_kernel_parameters_are_the_spec_names(name):
     algo = spec.ALGORITHMS.get(name) or spec.WINDOWED[name]
-    kernels = [cpu.KERNELS[name]] + ([cpu.gae_row_blocks] if algo is spec.GAE else [])
+    kernels = [cpu.KERNELS[name]] + ([cpu.gae_row_blocks] if algo is spec.GAE else []) + (
+        [cpu.nstep_return_blocks] if algo is spec.NSTEP_RETURN else [])
     for kernel in kernels:
         assert tuple(inspect.signature(kernel).parameters) == algo.names + algo.outputs + ("edge",), kernel.__name__
 

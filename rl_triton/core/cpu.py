@@ -619,6 +619,86 @@ def nstep_return(rewards, next_values, terminated, done, truncated, last_done, g
             returns[i, t] = total
 
 
+# n-step returns of a larger n take nstep_return_blocks, O(T) per row instead of O(n*T) (one
+# thread, 64x2048 float32 under load: the direct loop 0.6 ms at n = 1, 1.6 at 3, 2.9 at 5, 9.5
+# at 16; the blocks 1.5, 1.6, 1.4, 1.1)
+NSTEP_DIRECT_MAX = 3
+
+
+def nstep_return_blocks(rewards, next_values, terminated, done, truncated, last_done, gamma, n, done_mode, returns,
+                        edge):
+    """``nstep_return`` in O(T) per row, for large n: the row cut into blocks of n steps, so
+    that a window starting in a block ends in it or in the next one. Per row, three passes:
+
+    - forward, within each block from its first step b: ``head[u]`` the value of the window
+      from b that ends at u (its discounted rewards, then u's bootstrap unless u terminates),
+      up to the block's first end;
+    - backward, within each block: ``part[t]`` the discounted rewards from t to the block's
+      end, ``gain[t]`` their discount product G(t, block end + 1), where no window end lies
+      between (``through[t]``); else the whole window from t, which ends in the block;
+    - the returns: the window from t crossing into the next block, whose first step is b', is
+      ``part[t] + gain[t] * head[e]`` with e = min(t + n - 1, the first end from b'); the one
+      from the block's first step ends at the block's last, ``part + gain * next_values``.
+
+    Only sums of a window's own terms, each with its discount (no differences of running sums,
+    which would cancel); each window reads its own steps alone."""
+    R, T = rewards.shape
+    for i in prange(R):
+        ends = np.empty(T, np.uint8)
+        for s in range(T):
+            nterm, ndone = _flags(terminated[i, s], done[i, s], done[i, min(s + 1, T - 1)], truncated[i, s],
+                                  last_done[i], done_mode, s == T - 1)
+            ends[s] = 1 if nterm == 0 else 2 if ndone == 0 or s == T - 1 else 0
+        head = np.zeros(T)
+        first_end = np.empty(T, np.int64)  # per block's first step: its first end (T: none)
+        for b in range(0, T, n):
+            total = 0.0
+            discount = 1.0
+            first_end[b] = T
+            for u in range(b, min(b + n, T)):
+                total += discount * rewards[i, u]
+                if ends[u] == 1:
+                    head[u] = total
+                    first_end[b] = u
+                    break
+                g = gamma[i, u] * 1.0
+                head[u] = total + discount * g * next_values[i, u]
+                if ends[u] == 2:
+                    first_end[b] = u
+                    break
+                discount *= g
+        part = np.empty(T)
+        gain = np.empty(T)
+        through = np.zeros(T, np.uint8)
+        for b in range(0, T, n):
+            last = min(b + n, T) - 1
+            for t in range(last, b - 1, -1):
+                end = ends[t]
+                if end == 1:
+                    part[t] = rewards[i, t] * 1.0
+                    continue
+                g = gamma[i, t] * 1.0
+                if end == 2:
+                    part[t] = rewards[i, t] + g * next_values[i, t]
+                elif t == last:
+                    part[t] = rewards[i, t] * 1.0
+                    gain[t] = g
+                    through[t] = 1
+                else:
+                    part[t] = rewards[i, t] + g * part[t + 1]
+                    if through[t + 1]:
+                        gain[t] = g * gain[t + 1]
+                        through[t] = 1
+            for t in range(b, last + 1):
+                if not through[t]:
+                    returns[i, t] = part[t]
+                elif t == b:
+                    returns[i, t] = part[t] + gain[t] * next_values[i, last]
+                else:
+                    e = min(t + n - 1, first_end[last + 1])
+                    returns[i, t] = part[t] + gain[t] * head[e]
+
+
 @loop(spec.VTRACE)
 def vtrace(rewards, values, carry, next_values, bootstrap_value, log_pi, log_mu, terminated, done, truncated,
            last_done, gamma, lmbda, rho_bar, c_bar, rho_bar_pg, nv_mode, done_mode, vs, pg_advantages, edge):
@@ -1033,6 +1113,8 @@ class Launch:
                 names, kinds, has_edge = _EPISODE_STARTS_ARGS, _EPISODE_STARTS_KINDS, 0
             elif time_major and rows * steps >= ROW_BLOCK_MIN_ELEMENTS:
                 fn = gae_row_blocks
+        if algo is spec.NSTEP_RETURN and args.n > NSTEP_DIRECT_MAX:
+            fn = nstep_return_blocks
         if algo is spec.MASKED_GAE and not edge and rows > 1:
             fn = masked_gae_pairs
             if _c_rows(args.rewards, dtype) and _c_rows(args.values, dtype) and _c_rows(args.mask, None) \

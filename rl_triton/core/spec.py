@@ -228,7 +228,7 @@ ALGORITHMS = {a.name: a for a in (GAE, TD_LAMBDA_RETURN, DISCOUNTED_RETURN, VTRA
                                   AFFINE_SCAN, MASKED_GAE, PADDED_GAE, ARRIVAL_GAE)}
 
 # n-step returns (docs/semantics.md, section 6.10): each step's window of up to ``n`` rewards,
-# read directly (O(n) steps per output)
+# read directly
 NSTEP_RETURN = Algorithm(
     "nstep_return",
     (*_f2("rewards", "next_values"), *FLAGS, *_f2("gamma"), Arg("n", "n"), Arg("done_mode", "i")),
