@@ -398,9 +398,9 @@ def nstep_return(rewards, next_values, *, n, terminated=None, truncated=None, do
     at the rollout's end (bootstrapping from what is there).
 
     Not a scan: the fused kernels read the windows directly. Triton: O(min(n, T)) steps per
-    output, O(n*T) per row (less where episodes end sooner); numba: the same for n <= 3, else
-    O(T) per row (blocks of n steps, sums of each window's own terms: no differences of running
-    sums). The torch backend and calls that need gradients take torch ops, min(n, T) - 1 passes
+    output, O(n*T) per row (less where episodes end sooner); numba: min(n, T) - 1 vectorised
+    passes over each row for n <= 12, else O(T) per row (blocks of n steps). Both add each
+    window's own terms alone: no differences of running sums. The torch backend and calls that need gradients take torch ops, min(n, T) - 1 passes
     over the rows, differentiable. With ``cu_seqlens`` every sequence is its own row, its last token the
     rollout's end.
     """
