@@ -118,6 +118,18 @@ def test_the_blocks_form_matches_the_oracle(n, form, blocks_from):
                                    atol=tol)
 
 
+@pytest.mark.parametrize("blocks", [False, True])
+def test_many_rows(blocks, blocks_from):
+    """Rows past numba's first block of rows (cpu.NSTEP_ROWS share buffers), in both forms."""
+    from rl_triton.core import cpu
+
+    blocks_from(1 if blocks else 1000)
+    p = _problem(210, R=2 * cpu.NSTEP_ROWS + 3, steps=9)
+    kw, term, done = _flags(p, "terminated+truncated")
+    got = rl_triton.nstep_return(p["rewards"], p["next_values"], n=4, **kw, gamma=p["gamma"], backend="cpu")
+    np.testing.assert_allclose(got.numpy(), _expected(p, 4, term, done, p["gamma"]), rtol=1e-12, atol=1e-12)
+
+
 def test_the_blocks_form_reads_only_its_windows(blocks_from, monkeypatch):
     """NaN and inf outside a window stay out of the O(T) form's returns too."""
     monkeypatch.setenv("RL_TRITON_CHECK_VALUES", "0")

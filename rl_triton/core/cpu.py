@@ -601,30 +601,35 @@ def nstep_return(rewards, next_values, terminated, done, truncated, last_done, g
     ``one[t]`` the one-step return r + gamma*(1-term)*nv (a termination reads no nv and no
     gamma), then every pass lengthens each window by a step, R[t] = one[t] where step t ends its
     episode or the rollout, else r[t] + gamma[t]*R[t+1] (the ascending loop reads R[t+1] of the
-    pass before: independent steps, which the compiler vectorises). O(n*T) per row."""
+    pass before: independent steps, which the compiler vectorises). O(n*T) per row. The rows
+    go NSTEP_ROWS at a time, which share the buffers."""
     R, T = rewards.shape
-    for i in prange(R):
+    for blk in prange((R + NSTEP_ROWS - 1) // NSTEP_ROWS):
         one = np.empty(T)
         rew = np.empty(T)
         gam = np.empty(T)
+        ret = np.empty(T)
         stops = np.empty(T, np.bool_)
-        for s in range(T):
-            nterm, ndone = _flags(terminated[i, s], done[i, s], done[i, min(s + 1, T - 1)], truncated[i, s],
-                                  last_done[i], done_mode, s == T - 1)
-            r = rewards[i, s] * 1.0
-            g = gamma[i, s] * 1.0
-            one[s] = r if nterm == 0 else r + g * next_values[i, s]
-            rew[s] = r
-            gam[s] = g
-            stops[s] = ndone == 0
-        ret = one.copy()
-        for _ in range(min(n, T) - 1):
-            for t in range(T - 1):  # the rollout's last step keeps its one-step return
-                ret[t] = one[t] if stops[t] else rew[t] + gam[t] * ret[t + 1]
-        for t in range(T):
-            returns[i, t] = ret[t]
+        for i in range(blk * NSTEP_ROWS, min((blk + 1) * NSTEP_ROWS, R)):
+            for s in range(T):
+                nterm, ndone = _flags(terminated[i, s], done[i, s], done[i, min(s + 1, T - 1)], truncated[i, s],
+                                      last_done[i], done_mode, s == T - 1)
+                r = rewards[i, s] * 1.0
+                g = gamma[i, s] * 1.0
+                one[s] = r if nterm == 0 else r + g * next_values[i, s]
+                ret[s] = one[s]
+                rew[s] = r
+                gam[s] = g
+                stops[s] = ndone == 0
+            for _ in range(min(n, T) - 1):
+                for t in range(T - 1):  # the rollout's last step keeps its one-step return
+                    ret[t] = one[t] if stops[t] else rew[t] + gam[t] * ret[t + 1]
+            for t in range(T):
+                returns[i, t] = ret[t]
 
 
+# rows an n-step kernel's parallel iteration takes, which share its buffers (one allocation each)
+NSTEP_ROWS = 64
 # n-step returns of a larger n take nstep_return_blocks, O(T) per row instead of O(n*T) (one
 # thread, 64x2048 float32 under load, best of 7: the passes 0.55 ms at n = 5, 0.70 at 8, 1.47
 # at 16, 1.66 at 32; the blocks 1.17, 1.06, 1.02, 1.11)
@@ -647,62 +652,65 @@ def nstep_return_blocks(rewards, next_values, terminated, done, truncated, last_
       from the block's first step ends at the block's last, ``part + gain * next_values``.
 
     Only sums of a window's own terms, each with its discount (no differences of running sums,
-    which would cancel); each window reads its own steps alone."""
+    which would cancel); each window reads its own steps alone. The rows go NSTEP_ROWS at a
+    time, which share the buffers."""
     R, T = rewards.shape
-    for i in prange(R):
+    for blk in prange((R + NSTEP_ROWS - 1) // NSTEP_ROWS):
         ends = np.empty(T, np.uint8)
-        for s in range(T):
-            nterm, ndone = _flags(terminated[i, s], done[i, s], done[i, min(s + 1, T - 1)], truncated[i, s],
-                                  last_done[i], done_mode, s == T - 1)
-            ends[s] = 1 if nterm == 0 else 2 if ndone == 0 or s == T - 1 else 0
-        head = np.zeros(T)
+        head = np.empty(T)
         first_end = np.empty(T, np.int64)  # per block's first step: its first end (T: none)
-        for b in range(0, T, n):
-            total = 0.0
-            discount = 1.0
-            first_end[b] = T
-            for u in range(b, min(b + n, T)):
-                total += discount * rewards[i, u]
-                if ends[u] == 1:
-                    head[u] = total
-                    first_end[b] = u
-                    break
-                g = gamma[i, u] * 1.0
-                head[u] = total + discount * g * next_values[i, u]
-                if ends[u] == 2:
-                    first_end[b] = u
-                    break
-                discount *= g
         part = np.empty(T)
         gain = np.empty(T)
-        through = np.zeros(T, np.uint8)
-        for b in range(0, T, n):
-            last = min(b + n, T) - 1
-            for t in range(last, b - 1, -1):
-                end = ends[t]
-                if end == 1:
-                    part[t] = rewards[i, t] * 1.0
-                    continue
-                g = gamma[i, t] * 1.0
-                if end == 2:
-                    part[t] = rewards[i, t] + g * next_values[i, t]
-                elif t == last:
-                    part[t] = rewards[i, t] * 1.0
-                    gain[t] = g
-                    through[t] = 1
-                else:
-                    part[t] = rewards[i, t] + g * part[t + 1]
-                    if through[t + 1]:
-                        gain[t] = g * gain[t + 1]
+        through = np.empty(T, np.uint8)
+        for i in range(blk * NSTEP_ROWS, min((blk + 1) * NSTEP_ROWS, R)):
+            for s in range(T):
+                nterm, ndone = _flags(terminated[i, s], done[i, s], done[i, min(s + 1, T - 1)], truncated[i, s],
+                                      last_done[i], done_mode, s == T - 1)
+                ends[s] = 1 if nterm == 0 else 2 if ndone == 0 or s == T - 1 else 0
+            for b in range(0, T, n):
+                total = 0.0
+                discount = 1.0
+                first_end[b] = T
+                for u in range(b, min(b + n, T)):
+                    total += discount * rewards[i, u]
+                    if ends[u] == 1:
+                        head[u] = total
+                        first_end[b] = u
+                        break
+                    g = gamma[i, u] * 1.0
+                    head[u] = total + discount * g * next_values[i, u]
+                    if ends[u] == 2:
+                        first_end[b] = u
+                        break
+                    discount *= g
+            for b in range(0, T, n):
+                last = min(b + n, T) - 1
+                for t in range(last, b - 1, -1):
+                    end = ends[t]
+                    through[t] = 0
+                    if end == 1:
+                        part[t] = rewards[i, t] * 1.0
+                        continue
+                    g = gamma[i, t] * 1.0
+                    if end == 2:
+                        part[t] = rewards[i, t] + g * next_values[i, t]
+                    elif t == last:
+                        part[t] = rewards[i, t] * 1.0
+                        gain[t] = g
                         through[t] = 1
-            for t in range(b, last + 1):
-                if not through[t]:
-                    returns[i, t] = part[t]
-                elif t == b:
-                    returns[i, t] = part[t] + gain[t] * next_values[i, last]
-                else:
-                    e = min(t + n - 1, first_end[last + 1])
-                    returns[i, t] = part[t] + gain[t] * head[e]
+                    else:
+                        part[t] = rewards[i, t] + g * part[t + 1]
+                        if through[t + 1]:
+                            gain[t] = g * gain[t + 1]
+                            through[t] = 1
+                for t in range(b, last + 1):
+                    if not through[t]:
+                        returns[i, t] = part[t]
+                    elif t == b:
+                        returns[i, t] = part[t] + gain[t] * next_values[i, last]
+                    else:
+                        e = min(t + n - 1, first_end[last + 1])
+                        returns[i, t] = part[t] + gain[t] * head[e]
 
 
 @loop(spec.VTRACE)
