@@ -103,6 +103,13 @@ def _calls(rt, torch, R, T, dtype, g):
         "affine_scan_forward_time_major": lambda: rt.affine_scan(tm(r), tm(v), reverse=False, time_dim=0, **kw),
         "gae_mask_skip_time_major": lambda: rt.gae(tm(r), tm(v), mask=tm(~term), time_dim=0, **kw),
         "arrival_gae_time_major": lambda: rt.arrival_gae(tm(r), tm(v), done=tm(done), time_dim=0, **kw),
+        # n-step returns: a windowed kernel of its own (rl_triton/core/kernels/nstep.py), every flag form
+        "nstep_return": lambda: rt.nstep_return(r, nv, n=5, terminated=term, truncated=trunc, **kw),
+        "nstep_return_done": lambda: rt.nstep_return(r, nv, n=3, done=done, terminated=term, gamma=x() * 0 + 0.9,
+                                                     **kw),
+        "nstep_return_episode_starts": lambda: rt.nstep_return(r, nv, n=5, episode_starts=term, last_done=term[:, -1],
+                                                               **kw),
+        "nstep_return_time_major": lambda: rt.nstep_return(tm(r), tm(nv), n=5, done=tm(done), time_dim=0, **kw),
     }
 
 
@@ -174,6 +181,12 @@ def collect(root: str | None, only: str = "", time_major_regime: bool = False) -
     for name in ("fold_kernel", "normalize_kernel", "moments_kernel", "whiten_kernel"):  # those the checkout has
         if hasattr(moments, name):
             setattr(moments, name, Compile(getattr(moments, name)))
+    try:  # the n-step kernel, where the checkout has it
+        from rl_triton.core.kernels import nstep
+    except ImportError:
+        nstep = None
+    if nstep is not None:
+        nstep.nstep_kernel = Compile(nstep.nstep_kernel)
     g = torch.Generator().manual_seed(0)
     out = {}
     for R, T in SHAPES:

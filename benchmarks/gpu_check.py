@@ -47,6 +47,8 @@ ALGOS = {
     "scan_reverse": ("affine_scan", "reverse"),
     "scan_forward": ("affine_scan", "forward"),
     "arrival": ("arrival_gae", "ratio+done"),  # PufferLib's rows: rewards and dones read at t+1, the ratio
+    "nstep": ("nstep_return", "gym"),  # a windowed kernel of its own, n = 5
+    "nstep_obs": ("nstep_return", "episode_starts"),
 }
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float64: 1e-9}
 GAMMA, LMBDA, TRACE_LMBDA = 0.99, 0.95, 0.9

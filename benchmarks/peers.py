@@ -163,7 +163,8 @@ class Problem:
                                     gamma=GAMMA, lmbda=lmbda)
         e = torch.tensor([], dtype=dtype).element_size()
         floats_in, floats_out = {"gae": (2, 2), "td_lambda_return": (2, 1), "discounted_return": (1, 1),
-                                 "vtrace": (4, 2), "retrace": (5, 1)}.get(algo, (1, 1))
+                                 "vtrace": (4, 2), "retrace": (5, 1),
+                                 "nstep_return": (2, 1)}.get(algo, (1, 1))
         self.floats_in, self.element_size = floats_in, e
         self.nbytes = self.nbytes_with(floats_out)
 

@@ -61,7 +61,7 @@ GRID = ["4096x128", "64x512", "1024x1024", "16384x512", "128x4096", "32768x8", "
 # the cells where the compiled peers come closest to GAE (docs/benchmarks.md): the other algorithms get them here
 SPOT_SHAPES = ["4096x128", "32768x8", "1024x1024", "128x4096"]
 ALGOS = ["gae", "td_lambda_return", "discounted_return", "vtrace", "retrace", "eligibility_trace",
-         "episodic_cumsum"]
+         "episodic_cumsum", "nstep_return"]
 
 
 try:

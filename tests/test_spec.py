@@ -16,10 +16,11 @@ from rl_triton.core import cpu, spec
 PACKAGE = pathlib.Path(spec.__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", list(spec.ALGORITHMS))
+@pytest.mark.parametrize("name", list(spec.ALGORITHMS) + list(spec.WINDOWED))
 def test_numba_kernel_parameters_are_the_spec_names(name):
-    algo = spec.ALGORITHMS[name]
-    kernels = [cpu.KERNELS[name]] + ([cpu.gae_row_blocks] if algo is spec.GAE else [])
+    algo = spec.ALGORITHMS.get(name) or spec.WINDOWED[name]
+    kernels = [cpu.KERNELS[name]] + ([cpu.gae_row_blocks] if algo is spec.GAE else []) + (
+        [cpu.nstep_return_blocks] if algo is spec.NSTEP_RETURN else [])
     for kernel in kernels:
         assert tuple(inspect.signature(kernel).parameters) == algo.names + algo.outputs + ("edge",), kernel.__name__
 
@@ -40,6 +41,15 @@ def test_every_algorithm_has_a_triton_builder():
     from rl_triton.core.kernels import builders
 
     assert set(builders.PARTS) == set(spec.ALGORITHMS)
+    assert not set(builders.PARTS) & set(spec.WINDOWED)  # no windowed algorithm in the scan engine
+
+
+def test_a_windowed_algorithm_has_no_carry_and_no_direction():
+    for algo in spec.WINDOWED.values():
+        assert algo.window and algo.reverse is None and "carry" not in algo.names
+    with pytest.raises(ValueError, match="no carry and no direction"):
+        spec.Algorithm("bad", (spec.Arg("x", "f2"), spec.Arg("carry", "f1")), ("y",), reverse=None, carry="",
+                       window=True)
 
 
 _NO_KL = dict(kl_mode=spec.KL_NONE)

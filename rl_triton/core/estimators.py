@@ -377,16 +377,18 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     return c.results([scan.call_scan(c, alpha, beta, carry, True)])
 
 
-@routes.public(None)
 @documented(
     next_values=("``V(s_{t+1})`` of each step's true successor (at a truncation the final observation's value): "
                  "the rewards' dtype, broadcastable to their shape. A window that ends at step e before a "
                  "termination bootstraps from ``next_values[e]``."),
     n=("the number of rewards in a window, an int >= 1 (``n = 1``: the one-step TD target; ``n >= T``: the "
        "return to the episode's or the rollout's end)."),
+    group=("not supported: NotImplementedError. A window reads up to n - 1 steps past a chunk's end, which the "
+           "sharded route does not exchange (docs/distributed.md); gather the steps on one rank instead."),
 )
 def nstep_return(rewards, next_values, *, n, terminated=None, truncated=None, done=None, gamma=0.99, time_dim=-1,
-                 backend=None, out=None, episode_starts=None, last_done=None):
+                 backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None, max_seqlen=None,
+                 group=None):
     """n-step returns, cut at episode ends and at the window end.
 
     R[t] = sum_{k<m} gamma^k r[t+k] + gamma^m (1-terminated[t+m-1]) V(s_{t+m}),
@@ -395,9 +397,28 @@ def nstep_return(rewards, next_values, *, n, terminated=None, truncated=None, do
     end (no bootstrap past a termination, the truncated step's own next value at a truncation) and
     at the rollout's end (bootstrapping from what is there).
 
-    Runs as torch ops on every backend, n - 1 passes over the window (a fused kernel is not
-    written yet); differentiable.
+    Not a scan: the fused kernels read the windows directly. Triton: O(min(n, T)) steps per
+    output, O(n*T) per row (less where episodes end sooner); numba: min(n, T) - 1 vectorised
+    passes over each row for n <= 12, else O(T) per row (blocks of n steps). Both add each
+    window's own terms alone: no differences of running sums. The torch backend and calls that need gradients take torch ops, min(n, T) - 1 passes
+    over the rows, differentiable. With ``cu_seqlens`` every sequence is its own row, its last token the
+    rollout's end.
     """
+    if group is not None:
+        raise NotImplementedError("nstep_return takes no group=: a window reads up to n - 1 steps past its chunk's "
+                                  "end, which the sharded route does not exchange (docs/distributed.md); gather "
+                                  "the sequence's steps on one rank and call it there")
+    return _nstep_return(rewards, next_values, n=n, terminated=terminated, truncated=truncated, done=done,
+                         gamma=gamma, time_dim=time_dim, backend=backend, out=out, episode_starts=episode_starts,
+                         last_done=last_done, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+
+
+@routes.public(sharded.NSTEP_RETURN)
+def _nstep_return(rewards, next_values, *, n, terminated=None, truncated=None, done=None, gamma=0.99, time_dim=-1,
+                  backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None, max_seqlen=None,
+                  group=None, _chunk=None):
+    """:func:`nstep_return` past its check of ``group`` (always None here): the packed route or
+    one window of ``[R, T]`` rows."""
     c = Call(rewards, "rewards", time_dim)
     c.value(next_values, "next_values")
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)
@@ -406,9 +427,12 @@ def nstep_return(rewards, next_values, *, n, terminated=None, truncated=None, do
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     g = c.coefficient(gamma, "gamma")
-    c.start(backend, out, 1)
+    fused = c.start(backend, out, 1)
     if c.empty:
         return c.empty_outputs()
+    if fused:
+        return c.bind(spec.NSTEP_RETURN, rewards=c.view(rewards), next_values=c.view(next_values),
+                      **c.fused_flags(), gamma=c.view(g), n=n)
     r, nv, g = c.float_rows(rewards), c.float_rows(next_values), c.float_rows(g)
     nterm, ndone = c.composed_flags()
     # R_1[t] = r + gamma*(1-term)*nv (a termination reads no nv); R_k[t] = R_1[t] where the step ends its

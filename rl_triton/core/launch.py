@@ -88,6 +88,10 @@ def prepare(algo: spec.Algorithm, backend: str, compute: torch.dtype, args, outs
     partial moments (``kernels.Launch``'s)."""
     if backend == "cpu":
         return cpu.Launch(algo, compute, args, outs, edge)
+    if algo.window:  # not a scan: its own kernel, not the engine's
+        from .kernels import nstep
+
+        return nstep.Launch(algo, args, outs)
     return _kernels().Launch(algo, args, outs, moments=moments)
 
 
@@ -168,7 +172,7 @@ def _decode(algo: spec.Algorithm, tensors, numbers):
         elif math.isnan(n):
             args.append(None)
         else:
-            args.append(int(n) if kind == "i" else bool(n) if kind == "b" else n)
+            args.append(int(n) if kind in ("i", "n") else bool(n) if kind == "b" else n)
     return algo.Args(*args)
 
 
@@ -178,14 +182,14 @@ def _decode(algo: spec.Algorithm, tensors, numbers):
 def fused(name: str, backend: str, compute: torch.dtype, tensors: List[Optional[torch.Tensor]], numbers: List[float],
           like: torch.Tensor, time_dim: int) -> List[torch.Tensor]:
     """Run fused kernel ``name``; outputs are laid out like ``like`` (time at ``time_dim``)."""
-    algo = spec.ALGORITHMS[name]
+    algo = spec.ALGORITHMS.get(name) or spec.WINDOWED[name]
     rows = inputs.Rows(like, "like", time_dim, like.dtype)
     return list(_run(algo, backend, compute, _decode(algo, tensors, numbers), rows, [None] * len(algo.outputs)))
 
 
 @fused.register_fake
 def _(name, backend, compute, tensors, numbers, like, time_dim):
-    return [torch.empty_like(like) for _ in spec.ALGORITHMS[name].outputs]
+    return [torch.empty_like(like) for _ in (spec.ALGORITHMS.get(name) or spec.WINDOWED[name]).outputs]
 
 
 def _scan_torch(alpha, beta, carry, reverse):

@@ -123,6 +123,9 @@ RETRACE = Rule(True, _starts_boundary, _retrace_hands)
 ELIGIBILITY_TRACE = Rule(False, None, _trace_hands, aligned=("done",))
 EPISODIC_CUMSUM = Rule(False, None, _trace_hands, aligned=("done",))
 AFFINE_SCAN = Rule(None)
+# n-step returns: not a scan, so no group= (estimators.nstep_return raises); the rule serves the
+# packed route, which aligns each sequence to the end of its row so that no window reads padding
+NSTEP_RETURN = Rule(True)
 
 
 def run(fn, kw: dict, rule: Rule):

@@ -7,11 +7,11 @@ Argument kinds:
   ``f2`` coefficients may also be plain numbers;
 - ``u1`` / ``u2``: flag tensors ``[R]`` / ``[R, T]`` of any dtype, true where nonzero, None when
   absent;
-- ``s``: a float number; ``b``: a bool;
+- ``s``: a float number; ``b``: a bool; ``n``: an int (a count, such as n-step's window);
 - ``i``: a mode integer for the numba kernels, derived from which inputs are present
   (:meth:`Algorithm.bind` fills it; Triton reads the same from which inputs are None).
 
-Every algorithm has an argument ``carry``, the scan value beyond the window edge where the scan
+Every scan algorithm has an argument ``carry``, the scan value beyond the window edge where the scan
 starts (0 when absent). It is the third argument (``CARRY``), so one Triton INIT loads it, except
 in the masked algorithms, whose INIT reads it by name: there the mask, the bootstrap value and
 then the carry come first (triton 3.6 misreads a tensor argument that follows an absent one in
@@ -27,6 +27,11 @@ map ``(a, b)``; two-state scans report ``(x, b1, y, b2, c)``, the map of the pai
 ``combine_pair`` form) on (``bootstrap_value``, ``carry``). The handed value is the scan value
 at the ending edge; where an entry's ``hands`` says otherwise, rl_triton/core/sharded.py forms
 it from that.
+
+**Windowed algorithms** (``window=True``, in ``WINDOWED``) are no scan: each output reads a
+window of later steps directly (n-step returns). They have no carry, no direction and no edge
+map; numba runs their loop of rl_triton/core/cpu.py through the same launch as the scans, Triton
+their own kernel (rl_triton/core/kernels/nstep.py) instead of the scan engine.
 """
 
 from __future__ import annotations
@@ -98,10 +103,10 @@ class Algorithm:
     backwards in time; None: the ``reverse`` argument says). ``need_prev``: the Triton epilogue
     reads y one step earlier in scan order. ``pair``: the scan carries two values (the engine's
     two-state scan). ``own_init``: the Triton INIT reads the carry by name, which then need not
-    stand at ``CARRY``."""
+    stand at ``CARRY``. ``window``: not a scan (module docstring): no carry, ``reverse`` None."""
 
     def __init__(self, name: str, args, outputs, *, reverse, carry: str, need_prev: bool = False,
-                 pair: bool = False, hands: str = "", own_init: bool = False):
+                 pair: bool = False, hands: str = "", own_init: bool = False, window: bool = False):
         self.name = name
         self.carry = carry  # what the carry stands for (docs)
         self.hands = hands  # what the kernel hands on at the ending edge, where not the scan value
@@ -112,6 +117,7 @@ class Algorithm:
         self.reverse = reverse
         self.need_prev = need_prev
         self.pair = pair
+        self.window = window
         self.Args = namedtuple(f"{name}_args", self.names, defaults=(None,) * len(self.names))
         # the position of each argument in the arguments and of each output in the outputs, by
         # name (Triton kernels index their argument tuples with these)
@@ -121,7 +127,10 @@ class Algorithm:
         # float tensors read per step (the launch plan counts those present)
         self.streams = tuple(i for i, k in enumerate(self.kinds) if k in ("f2", "f3"))
         self.has_flags = "terminated" in self.names
-        if "mask" not in self.names and not own_init and self.names.index("carry") != CARRY:
+        if window:
+            if "carry" in self.names or reverse is not None:
+                raise ValueError(f"{name}: a windowed algorithm has no carry and no direction")
+        elif "mask" not in self.names and not own_init and self.names.index("carry") != CARRY:
             raise ValueError(f"{name}: the carry argument must stand at position {CARRY}")
         if self.has_flags:
             first = self.names.index("terminated")
@@ -217,3 +226,12 @@ AFFINE_SCAN = Algorithm(
 
 ALGORITHMS = {a.name: a for a in (GAE, TD_LAMBDA_RETURN, DISCOUNTED_RETURN, VTRACE, RETRACE, ELIGIBILITY_TRACE,
                                   AFFINE_SCAN, MASKED_GAE, PADDED_GAE, ARRIVAL_GAE)}
+
+# n-step returns (docs/semantics.md, section 6.10): each step's window of up to ``n`` rewards,
+# read directly
+NSTEP_RETURN = Algorithm(
+    "nstep_return",
+    (*_f2("rewards", "next_values"), *FLAGS, *_f2("gamma"), Arg("n", "n"), Arg("done_mode", "i")),
+    ("returns",), reverse=None, carry="", window=True)
+
+WINDOWED = {a.name: a for a in (NSTEP_RETURN,)}

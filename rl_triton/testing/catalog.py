@@ -55,6 +55,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "episodic_cumsum": dict(),
     "affine_scan": dict(reverse=True),
     "arrival_gae": dict(gamma=0.99, lmbda=0.95, rho_bar=1.0, c_bar=1.0),
+    "nstep_return": dict(gamma=0.99),
 }
 
 # the positional tensors of each function; make() draws each by its name (_Draw.tensor)
@@ -68,13 +69,14 @@ POSITIONAL: dict[str, tuple[str, ...]] = {
     "episodic_cumsum": ("x",),
     "affine_scan": ("alpha", "beta"),
     "arrival_gae": ("rewards", "values"),
+    "nstep_return": ("rewards", "next_values"),
 }
 
 # variant -> the keyword arguments make() draws for it, by name; a flag may name its dtype
 # ("done:uint8"; bool otherwise). "episode_starts" draws the pair episode_starts (float32)
-# and last_done (bool); "gamma" a per-step tensor. The first variant is the default. Flag
-# dtypes differ across variants on purpose, so that running every variant covers bool, uint8
-# and float32 flags.
+# and last_done (bool); "gamma" a per-step tensor; "n=K" the int argument n (nstep_return's).
+# The first variant is the default. Flag dtypes differ across variants on purpose, so that
+# running every variant covers bool, uint8 and float32 flags.
 VARIANTS: dict[str, dict[str, str]] = {
     "gae": {
         "terminated+bootstrap": "bootstrap_value terminated",
@@ -133,12 +135,26 @@ VARIANTS: dict[str, dict[str, str]] = {
         "ratio": "ratio",
         "plain": "",
     },
+    "nstep_return": {
+        "gym": "n=5 terminated truncated",
+        "done": "n=5 done:uint8",
+        "torchrl": "n=3 done terminated:float32",
+        "gym with per-step gamma": "n=4 terminated truncated gamma",
+        "episode_starts": "n=5 episode_starts",
+        "beyond the window": "n=100000 terminated truncated",
+        "plain": "n=1",
+    },
 }
+
+# functions whose ``group=`` raises NotImplementedError (not a scan: a window reads past its chunk)
+NO_GROUP = frozenset(("nstep_return",))
 
 
 def takes(fn: str, keyword: str) -> bool:
     """Whether ``rl_triton.<fn>`` takes ``keyword`` (``arrival_gae`` takes no ``group`` or
-    ``cu_seqlens``)."""
+    ``cu_seqlens``; the functions of ``NO_GROUP`` raise for ``group``)."""
+    if keyword == "group" and fn in NO_GROUP:
+        return False
     return keyword in inspect.signature(getattr(rl_triton, fn)).parameters
 
 _PER_ROW = ("bootstrap_value", "initial", "last_done")  # the rewards' shape without the time dim
@@ -306,6 +322,8 @@ def reference(fn: str, args, kwargs) -> tuple:
                                       coefficient("lmbda"), clip("rho_bar"), clip("c_bar")))
     if fn == "affine_scan":
         return out(oracle.affine_scan(rows(args[0]), rows(args[1]), reverse=kw["reverse"], initial=initial))
+    if fn == "nstep_return":
+        return out(oracle.nstep_return(rows(args[0]), rows(args[1]), term, done, coefficient("gamma"), kw["n"]))
     raise KeyError(fn)
 
 
@@ -568,6 +586,8 @@ def make(fn: str, shape, variant: Optional[str] = None, *, time_dim: int = -1, d
             kwargs.update(d.observation_aligned())
         elif name.startswith("reverse="):
             kwargs["reverse"] = name == "reverse=True"
+        elif name.startswith("n="):
+            kwargs["n"] = int(name[2:])
         else:
             kwargs[name] = d.tensor(name)
     for name, value in hyperparameters.items():
