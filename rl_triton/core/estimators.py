@@ -377,6 +377,7 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
     return c.results([scan.call_scan(c, alpha, beta, carry, True)])
 
 
+@routes.public(sharded.NSTEP_RETURN)
 @documented(
     next_values=("``V(s_{t+1})`` of each step's true successor (at a truncation the final observation's value): "
                  "the rewards' dtype, broadcastable to their shape. A window that ends at step e before a "
@@ -388,7 +389,7 @@ def discounted_return(rewards, *, terminated=None, truncated=None, done=None, ne
 )
 def nstep_return(rewards, next_values, *, n, terminated=None, truncated=None, done=None, gamma=0.99, time_dim=-1,
                  backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None, max_seqlen=None,
-                 group=None):
+                 group=None, _chunk=None):
     """n-step returns, cut at episode ends and at the window end.
 
     R[t] = sum_{k<m} gamma^k r[t+k] + gamma^m (1-terminated[t+m-1]) V(s_{t+m}),
@@ -400,25 +401,10 @@ def nstep_return(rewards, next_values, *, n, terminated=None, truncated=None, do
     Not a scan: the fused kernels read the windows directly. Triton: O(min(n, T)) steps per
     output, O(n*T) per row (less where episodes end sooner); numba: min(n, T) - 1 vectorised
     passes over each row for n <= 12, else O(T) per row (blocks of n steps). Both add each
-    window's own terms alone: no differences of running sums. The torch backend and calls that need gradients take torch ops, min(n, T) - 1 passes
-    over the rows, differentiable. With ``cu_seqlens`` every sequence is its own row, its last token the
-    rollout's end.
+    window's own terms alone: no differences of running sums. The torch backend and calls that
+    need gradients take torch ops, min(n, T) - 1 passes over the rows, differentiable. With
+    ``cu_seqlens`` every sequence is its own row, its last token the rollout's end.
     """
-    if group is not None:
-        raise NotImplementedError("nstep_return takes no group=: a window reads up to n - 1 steps past its chunk's "
-                                  "end, which the sharded route does not exchange (docs/distributed.md); gather "
-                                  "the sequence's steps on one rank and call it there")
-    return _nstep_return(rewards, next_values, n=n, terminated=terminated, truncated=truncated, done=done,
-                         gamma=gamma, time_dim=time_dim, backend=backend, out=out, episode_starts=episode_starts,
-                         last_done=last_done, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
-
-
-@routes.public(sharded.NSTEP_RETURN)
-def _nstep_return(rewards, next_values, *, n, terminated=None, truncated=None, done=None, gamma=0.99, time_dim=-1,
-                  backend=None, out=None, episode_starts=None, last_done=None, cu_seqlens=None, max_seqlen=None,
-                  group=None, _chunk=None):
-    """:func:`nstep_return` past its check of ``group`` (always None here): the packed route or
-    one window of ``[R, T]`` rows."""
     c = Call(rewards, "rewards", time_dim)
     c.value(next_values, "next_values")
     c.flags(terminated, truncated, done, episode_starts=episode_starts, last_done=last_done)

@@ -48,6 +48,8 @@ def public(rule: sharded.Rule | None, *, outputs: int = 1):
             bound.apply_defaults()
             kw = bound.arguments
             if kw["group"] is not None:
+                if rule.unsplit is not None:
+                    raise NotImplementedError(f"{fn.__name__} takes no group=: {rule.unsplit}")
                 if kw.pop("_chunk") is not None:
                     raise ValueError("a chunk of a split sequence takes no group")
                 return sharded.run(call, kw, rule)

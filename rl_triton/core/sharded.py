@@ -54,12 +54,16 @@ class Rule(NamedTuple):
     ``hands(kw, first, last, a, b)``: the value handed on, where not the scan value at the edge;
     ``own(kw, last)``: the window end's own value of a boundary input that goes to the kernel;
     ``aligned``: flag arguments with fewer dims than the reference that cover its leading dims
-    (time included) and broadcast over the trailing ones, as the unsharded call aligns them."""
+    (time included) and broadcast over the trailing ones, as the unsharded call aligns them;
+    ``unsplit``: where not None, why the function takes no ``group`` (``NotImplementedError``)."""
     reverse: bool | None
     boundary: object = None
     hands: object = None
     own: object = None
     aligned: tuple = ()  # flags that cover the leading dims, time included (traces' done)
+    # where not None, why the function cannot run split across ranks: a call with group= raises
+    # NotImplementedError saying so (the rule then serves the packed route alone)
+    unsplit: str | None = None
 
 
 def _gae_boundary(kw, first):
@@ -123,9 +127,11 @@ RETRACE = Rule(True, _starts_boundary, _retrace_hands)
 ELIGIBILITY_TRACE = Rule(False, None, _trace_hands, aligned=("done",))
 EPISODIC_CUMSUM = Rule(False, None, _trace_hands, aligned=("done",))
 AFFINE_SCAN = Rule(None)
-# n-step returns: not a scan, so no group= (estimators.nstep_return raises); the rule serves the
-# packed route, which aligns each sequence to the end of its row so that no window reads padding
-NSTEP_RETURN = Rule(True)
+# n-step returns: not a scan; the rule serves the packed route, which aligns each sequence to the end
+# of its row so that no window reads padding
+NSTEP_RETURN = Rule(True, unsplit="a window reads up to n - 1 steps past its chunk's end, which the sharded "
+                    "route does not exchange (docs/distributed.md); gather the sequence's steps on one rank and "
+                    "call it there")
 
 
 def run(fn, kw: dict, rule: Rule):
