@@ -210,10 +210,26 @@ ELIGIBILITY_TRACE = Algorithm(
     (*_f2("x"), Arg("done", "u2"), Arg("carry", "f1"), *_f2("gamma", "lmbda")),
     ("traces",), reverse=False, carry="e[-1]", hands="(1 - done[T-1])*e[T-1]")
 
+# Sample Factory's valid steps (docs/semantics.md, section 6.11): an invalid step passes the
+# accumulated value on with factor 1 and has no TD error of its own; a valid step reads V(s_{t+1})
+# only where next_valid; trace is the factor gamma*lmbda of a valid step. Every done a termination. The carry last, read by name: it is absent in
+# the GAE calls, and triton 3.6 misreads a tensor that follows an absent one in such kernels
+VALID_GAE = Algorithm(
+    "valid_gae",
+    (*_f2("rewards", "values", "next_values"), Arg("valid", "u2"), Arg("next_valid", "u2"), Arg("done", "u2"),
+     *_f2("gamma", "trace"), Arg("carry", "f1")),
+    ("advantages",), reverse=True, carry="A[T]", own_init=True)
+
+VALID_DISCOUNTED_RETURN = Algorithm(
+    "valid_discounted_return",
+    (*_f2("rewards"), Arg("valid", "u2"), Arg("done", "u2"), *_f2("gamma"), Arg("carry", "f1")),
+    ("returns",), reverse=True, carry="S[T]", own_init=True)
+
 AFFINE_SCAN = Algorithm(
     "affine_scan",
     (*_f2("alpha", "beta"), Arg("carry", "f1"), Arg("reverse", "b")),
     ("y",), reverse=None, carry="y beyond the edge where the scan starts")
 
 ALGORITHMS = {a.name: a for a in (GAE, TD_LAMBDA_RETURN, DISCOUNTED_RETURN, VTRACE, RETRACE, ELIGIBILITY_TRACE,
-                                  AFFINE_SCAN, MASKED_GAE, PADDED_GAE, ARRIVAL_GAE)}
+                                  AFFINE_SCAN, MASKED_GAE, PADDED_GAE, ARRIVAL_GAE, VALID_GAE,
+                                  VALID_DISCOUNTED_RETURN)}
