@@ -210,4 +210,4 @@ def test_the_learners_gae_step_goes_through_the_patch(monkeypatch):
 def test_benchmark_logic_at_a_tiny_size(bench):
     rows = bench.run([4], recurrence=8, rounds=2)
     assert [r["trajectories"] for r in rows] == [4] and all(r["agree"] for r in rows)
-    assert set(rows[0]["times"]) == {"sf gae", "rt gae", "sf vtrace", "rt vtrace"}
+    assert set(rows[0]["times"]) == {"sf gae", "rt gae", "sf gae mixed", "rt gae mixed", "sf vtrace", "rt vtrace"}
