@@ -186,3 +186,17 @@ def test_bad_arguments_name_themselves():
         valid_discounted_return(rewards, valids[:, :-1], dones, gamma=0.9, initial=torch.zeros(3))
     with pytest.raises(TypeError, match="rewards"):
         valid_discounted_return(rewards.numpy(), valids[:, :-1], dones, gamma=0.9)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_repeated_calls_take_the_plan_with_new_data(backend):
+    # the second call of a signature runs from the plan the first one left: new data, new results
+    for seed in range(3):
+        rewards, values, valids, dones = _draw(4, 9, torch.float32, 20 + seed, 0.3)
+        got = valid_gae(rewards, values[:, :-1], values[:, 1:], valids[:, :-1], valids[:, 1:], dones, gamma=0.9,
+                        trace=0.8, backend=backend)
+        _close(got, _gae_expected(rewards, values, valids, dones, 0.9, 0.8), torch.float32)
+        sums = valid_discounted_return(rewards.t(), valids[:, :-1].t().float(), dones.t(), gamma=0.9,
+                                       initial=values[:, 0], time_dim=0, backend=backend)
+        _close(sums.t(), oracle.valid_discounted_return(_rows(rewards), valids[:, :-1].numpy(), dones.numpy(),
+                                                        np.full((4, 9), 0.9), _rows(values[:, 0])), torch.float32)
