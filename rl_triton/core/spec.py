@@ -212,8 +212,9 @@ ELIGIBILITY_TRACE = Algorithm(
 
 # Sample Factory's valid steps (docs/semantics.md, section 6.11): an invalid step passes the
 # accumulated value on with factor 1 and has no TD error of its own; a valid step reads V(s_{t+1})
-# only where next_valid; trace is the factor gamma*lmbda of a valid step. Every done a termination. The carry last, read by name: it is absent in
-# the GAE calls, and triton 3.6 misreads a tensor that follows an absent one in such kernels
+# only where next_valid; trace is the factor gamma*lmbda of a valid step. Every done a
+# termination. The carry stands last and INIT reads it by name: it is absent in the GAE calls, and
+# triton 3.6 misreads a tensor that follows an absent one in such kernels
 VALID_GAE = Algorithm(
     "valid_gae",
     (*_f2("rewards", "values", "next_values"), Arg("valid", "u2"), Arg("next_valid", "u2"), Arg("done", "u2"),
