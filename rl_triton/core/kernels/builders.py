@@ -433,14 +433,16 @@ def _is(flag, ACC: tl.constexpr):
 @part(spec.VALID_GAE, "build")
 @triton.jit
 def valid_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
-    # Sample Factory's valid steps (docs/semantics.md, section 6.11)
-    I = VALID_GAE
-    alpha, beta = _valid_gae(load(ins[I.rewards], rows, t, mask, ACC), load(ins[I.values], rows, t, mask, ACC),
-                             load(ins[I.next_values], rows, t, mask, ACC),
-                             _is(load_flag(ins[I.valid], rows, t, mask), ACC),
-                             _is(load_flag(ins[I.next_valid], rows, t, mask), ACC),
-                             _not(load_flag(ins[I.done], rows, t, mask), ACC),
-                             coef(ins[I.gamma], rows, t, mask, ACC), coef(ins[I.trace], rows, t, mask, ACC))
+    # Sample Factory's valid steps (docs/semantics.md, section 6.11); the positions module by its
+    # own name (compiled Triton takes no local alias of a module)
+    alpha, beta = _valid_gae(load(ins[VALID_GAE.rewards], rows, t, mask, ACC),
+                             load(ins[VALID_GAE.values], rows, t, mask, ACC),
+                             load(ins[VALID_GAE.next_values], rows, t, mask, ACC),
+                             _is(load_flag(ins[VALID_GAE.valid], rows, t, mask), ACC),
+                             _is(load_flag(ins[VALID_GAE.next_valid], rows, t, mask), ACC),
+                             _not(load_flag(ins[VALID_GAE.done], rows, t, mask), ACC),
+                             coef(ins[VALID_GAE.gamma], rows, t, mask, ACC),
+                             coef(ins[VALID_GAE.trace], rows, t, mask, ACC))
     return alpha, beta, 0
 
 
@@ -453,11 +455,10 @@ def valid_gae_init(ins, rows, rmask, T, ACC: tl.constexpr):
 @part(spec.VALID_DISCOUNTED_RETURN, "build")
 @triton.jit
 def valid_discounted_return_build(ins, rows, t, mask, T, ACC: tl.constexpr):
-    I = VALID_DISCOUNTED_RETURN
-    alpha, beta = _valid_discounted_return(load(ins[I.rewards], rows, t, mask, ACC),
-                                           _is(load_flag(ins[I.valid], rows, t, mask), ACC),
-                                           _not(load_flag(ins[I.done], rows, t, mask), ACC),
-                                           coef(ins[I.gamma], rows, t, mask, ACC))
+    alpha, beta = _valid_discounted_return(load(ins[VALID_DISCOUNTED_RETURN.rewards], rows, t, mask, ACC),
+                                           _is(load_flag(ins[VALID_DISCOUNTED_RETURN.valid], rows, t, mask), ACC),
+                                           _not(load_flag(ins[VALID_DISCOUNTED_RETURN.done], rows, t, mask), ACC),
+                                           coef(ins[VALID_DISCOUNTED_RETURN.gamma], rows, t, mask, ACC))
     return alpha, beta, 0
 
 
