@@ -15,7 +15,9 @@ Every algorithm has an argument ``carry``, the scan value beyond the window edge
 starts (0 when absent). It is the third argument (``CARRY``), so one Triton INIT loads it, except
 in the masked algorithms, whose INIT reads it by name: there the mask, the bootstrap value and
 then the carry come first (triton 3.6 misreads a tensor argument that follows an absent one in
-those kernels; benchmarks/engine_ptx.py compiles every order in use). What it stands
+those kernels; benchmarks/engine_ptx.py compiles every order in use), and in those entries with
+``own_init``, whose carry stands after their tensors (``arrival_gae`` and the valid-step
+algorithms). What it stands
 for is each algorithm's own (``carry`` of its entry below); a sequence split along time across
 ranks (rl_triton/core/sharded.py) hands it from chunk to chunk. The outputs are ``[R, T]`` float
 tensors.
