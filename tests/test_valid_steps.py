@@ -200,3 +200,17 @@ def test_repeated_calls_take_the_plan_with_new_data(backend):
                                        initial=values[:, 0], time_dim=0, backend=backend)
         _close(sums.t(), oracle.valid_discounted_return(_rows(rewards), valids[:, :-1].numpy(), dones.numpy(),
                                                         np.full((4, 9), 0.9), _rows(values[:, 0])), torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out(backend):
+    rewards, values, valids, dones = _draw(3, 7, torch.float64, 30, 0.3)
+    out = torch.full((3, 7), math.nan, dtype=torch.float64)
+    got = valid_gae(rewards, values[:, :-1], values[:, 1:], valids[:, :-1], valids[:, 1:], dones, gamma=0.9,
+                    trace=0.8, backend=backend, out=out)
+    assert got is out
+    _close(out, _gae_expected(rewards, values, valids, dones, 0.9, 0.8), torch.float64)
+    out = torch.full((3, 7), math.nan, dtype=torch.float64)
+    assert valid_discounted_return(rewards, valids[:, :-1], dones, gamma=0.9, backend=backend, out=out) is out
+    _close(out, oracle.valid_discounted_return(_rows(rewards), valids[:, :-1].numpy(), dones.numpy(),
+                                               np.full((3, 7), 0.9)), torch.float64)
