@@ -39,6 +39,7 @@ def _calls(rt, torch, R, T, dtype, g):
     trunc = torch.rand(R, T, generator=g) < 0.02
     done = term | trunc
     boot = x(R)
+    sf_v, sf_valid = x(R, T + 1), torch.rand(R, T + 1, generator=g) > 0.1
     kw = dict(backend="triton")
     return {
         "gae": lambda: rt.gae(r, v, bootstrap_value=boot, done=done, **kw),
@@ -110,7 +111,23 @@ def _calls(rt, torch, R, T, dtype, g):
         "nstep_return_episode_starts": lambda: rt.nstep_return(r, nv, n=5, episode_starts=term, last_done=term[:, -1],
                                                                **kw),
         "nstep_return_time_major": lambda: rt.nstep_return(tm(r), tm(nv), n=5, done=tm(done), time_dim=0, **kw),
+        # Sample Factory's valid steps, as its drop-ins call them: values and valids [R, T+1] read
+        # through views, float dones; the sum time-major with and without x_last
+        "sample_factory_gae": lambda: _valid_steps().valid_gae(r, sf_v[:, :-1], sf_v[:, 1:], sf_valid[:, :-1],
+                                                               sf_valid[:, 1:], done.to(dtype), gamma=0.99,
+                                                               trace=0.9405, **kw),
+        "sample_factory_sum": lambda: _valid_steps().valid_discounted_return(
+            tm(r), tm(sf_valid[:, :-1]).to(dtype), tm(done).to(dtype), gamma=0.97, initial=boot, time_dim=0, **kw),
+        "sample_factory_sum_no_last": lambda: _valid_steps().valid_discounted_return(
+            tm(r), tm(sf_valid[:, :-1]).to(dtype), tm(done).to(dtype), gamma=0.97, time_dim=0, **kw),
     }
+
+
+def _valid_steps():
+    """rl_triton.core.valid (a checkout without it fails these calls by name)."""
+    import importlib
+
+    return importlib.import_module("rl_triton.core.valid")
 
 
 def _chunk(torch, R, width, call):

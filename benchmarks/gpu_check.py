@@ -249,6 +249,37 @@ def check_token_level(device):
     return worst
 
 
+def check_valid_steps(device, quick):
+    """Sample Factory's valid steps (rl_triton.core.valid: valid_gae, valid_discounted_return; 30%
+    of the steps invalid, dones at 5%) against the oracle, batch-major and time-major, float32 and
+    float64, at shapes with partial tiles and time splits: its first rows."""
+    from rl_triton.core.valid import valid_discounted_return, valid_gae
+    from rl_triton.testing import oracle
+
+    worst = 0.0
+    for (R, T) in [(3, 1), (5, 40), (2, 300)] if quick else [(3, 1), (37, 1000), (5, 40000), (1024, 33)]:
+        g = torch.Generator().manual_seed(R + 3 * T)
+        r, v = torch.randn(R, T, generator=g), torch.randn(R, T + 1, generator=g)
+        valid = torch.rand(R, T + 1, generator=g) >= 0.3
+        d = (torch.rand(R, T, generator=g) < 0.05).float()
+        rows = slice(0, min(R, 6))
+        full = np.ones((rows.stop, T))
+        want_adv = oracle.valid_gae(r[rows].double().numpy(), v[rows, :-1].double().numpy(),
+                                    v[rows, 1:].double().numpy(), valid[rows, :-1].numpy(), valid[rows, 1:].numpy(),
+                                    d[rows].numpy(), full * 0.99, full * 0.9405)
+        want_sum = oracle.valid_discounted_return(r[rows].double().numpy(), valid[rows, :-1].numpy(),
+                                                  d[rows].numpy(), full * 0.97, v[rows, 0].double().numpy())
+        for dtype in (torch.float32, torch.float64):
+            x, vv = r.to(device, dtype), v.to(device, dtype)
+            m, dd = valid.to(device), d.to(device, dtype)
+            adv = valid_gae(x, vv[:, :-1], vv[:, 1:], m[:, :-1], m[:, 1:], dd, gamma=0.99, trace=0.9405)
+            sums = valid_discounted_return(x.t().contiguous(), m[:, :-1].t().to(dtype), dd.t(), gamma=0.97,
+                                           initial=vv[:, 0], time_dim=0).t()
+            worst = max(worst, rel_err(adv[rows].double().cpu().numpy(), want_adv),
+                        rel_err(sums[rows].double().cpu().numpy(), want_sum))
+    return worst
+
+
 def _group_oracle(s, g, mode):
     """float64 GRPO / RLOO advantages from the formulas (numpy; g: group numbers); a group of one
     keeps its score (GRPO: over the float32 1 + eps)."""
@@ -377,6 +408,10 @@ def main():
     print(f"{'ok  ' if tokens <= 1e-5 else 'FAIL'} token level (masked GAE skip/pad, masked_whiten, packed "
           f"sequences): rel err {tokens:.1e}")
     failures += tokens > 1e-5
+    valid_steps = check_valid_steps(device, args.quick)
+    print(f"{'ok  ' if valid_steps <= 1e-5 else 'FAIL'} valid steps (Sample Factory's valid_gae and "
+          f"valid_discounted_return): rel err {valid_steps:.1e}")
+    failures += valid_steps > 1e-5
     grouped = check_group_advantages(device, args.quick)
     print(f"{'ok  ' if grouped <= 1e-5 else 'FAIL'} group advantages (grpo, rloo: the all-pairs kernel, the sort "
           f"path, a CUDA graph): rel err {grouped:.1e}")

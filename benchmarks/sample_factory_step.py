@@ -2,7 +2,8 @@
 CUDA tensors, in one process.
 
 - GAE: Sample Factory's scripted ``gae_advantages`` against ``rl_triton.integrations
-  .sample_factory.gae_advantages`` on ``[E, T]`` batches (every step valid, dones at 2%).
+  .sample_factory.gae_advantages`` on ``[E, T]`` batches (dones at 2%), once with every step
+  valid and once with 30% of the steps invalid (the drop-in's one launch serves both).
 - V-trace: the real ``Learner._calculate_losses`` with ``with_vtrace`` run on a stand-in learner
   (``StandIn``: a network that returns given values and ratios, losses that return 0), so that
   what is timed is the method with its V-trace block, host round trip included, against
@@ -125,14 +126,16 @@ def run(trajectories, recurrence: int = 32, rounds: int = 9, device="cpu") -> li
         dones = (torch.rand(n, recurrence, generator=g) < 0.02).float().to(device)
         values = torch.randn(n, recurrence + 1, generator=g).to(device)
         valids = torch.ones(n, recurrence + 1, dtype=torch.bool, device=device)
+        mixed = (torch.rand(n, recurrence + 1, generator=g) >= 0.3).to(device)
         ratio, v, r, d = _inputs(n, recurrence, device)
         stand_in = StandIn(ratio, v, r, d, recurrence, GAMMA, RHO, C)
 
         def ours_vtrace():
             return rt_sf.vtrace_targets(ratio, v, r, d, recurrence, GAMMA, RHO, C)
 
-        agree = torch.allclose(rt_sf.gae_advantages(rewards, dones, values, valids, GAMMA, LAMBDA),
-                               sf_gae(rewards, dones, values, valids, GAMMA, LAMBDA), rtol=1e-4, atol=1e-4)
+        agree = all(torch.allclose(rt_sf.gae_advantages(rewards, dones, values, mask, GAMMA, LAMBDA),
+                                   sf_gae(rewards, dones, values, mask, GAMMA, LAMBDA), rtol=1e-4, atol=1e-4)
+                    for mask in (valids, mixed))
         for a, b in zip(ours_vtrace(), stand_in.run()):
             agree = agree and torch.allclose(a, b.to(device), rtol=1e-4, atol=1e-4)
         row = {"trajectories": n, "agree": bool(agree)}
@@ -140,6 +143,8 @@ def run(trajectories, recurrence: int = 32, rounds: int = 9, device="cpu") -> li
             row["times"] = _timed({
                 "sf gae": lambda: sf_gae(rewards, dones, values, valids, GAMMA, LAMBDA),
                 "rt gae": lambda: rt_sf.gae_advantages(rewards, dones, values, valids, GAMMA, LAMBDA),
+                "sf gae mixed": lambda: sf_gae(rewards, dones, values, mixed, GAMMA, LAMBDA),
+                "rt gae mixed": lambda: rt_sf.gae_advantages(rewards, dones, values, mixed, GAMMA, LAMBDA),
                 "sf vtrace": stand_in.run,
                 "rt vtrace": ours_vtrace,
             }, rounds, device)
@@ -158,9 +163,9 @@ def main() -> int:
     set_threads(a.threads)
     print(f"{machine()}; device {a.device}; recurrence {a.recurrence}; ms per call, median (lowest-highest) "
           f"of {a.rounds} rounds")
-    print("| trajectories | SF gae_advantages | rl_triton | speed-up | SF V-trace step (host round trip) "
-          "| rl_triton vtrace_targets | speed-up |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| trajectories | SF gae_advantages | rl_triton | speed-up | SF, 30% invalid | rl_triton | speed-up "
+          "| SF V-trace step (host round trip) | rl_triton vtrace_targets | speed-up |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     failed = False
     for row in run([int(s) for s in a.trajectories.split(",")], a.recurrence, a.rounds, a.device):
         if not row["agree"]:
@@ -169,7 +174,8 @@ def main() -> int:
             continue
         t = row["times"]
         print(f"| {row['trajectories']} | {pair_cells(t, 'sf gae', 'rt gae')} | "
-              f"{pair_cells(t, 'sf vtrace', 'rt vtrace')} |", flush=True)
+              f"{pair_cells(t, 'sf gae mixed', 'rt gae mixed')} | {pair_cells(t, 'sf vtrace', 'rt vtrace')} |",
+              flush=True)
     return 1 if failed else 0
 
 

@@ -1,7 +1,7 @@
 """Sample Factory integration against the real sample-factory 2.1.1 (.ci/run's classic stage
 installs it): the same advantages as its scripted ``gae_advantages`` and the same sums as
-``calculate_discounted_sum_torch`` (all steps valid and with invalid steps, float32 and
-float64), the same V-trace targets and advantages as the block inside the real
+``calculate_discounted_sum_torch`` (all steps valid, some and none, float32 and float64, on
+every backend), no host read per call, the same V-trace targets and advantages as the block inside the real
 ``Learner._calculate_losses`` (run on a stand-in learner), the float64 oracle, the patch
 contract on every name ``patch()`` sets, and the learner's GAE step through the patch."""
 
@@ -18,12 +18,14 @@ from sample_factory.algo.learning import learner as sf_learner  # noqa: E402
 from sample_factory.algo.utils import rl_utils  # noqa: E402
 
 import rl_triton.integrations.sample_factory as rt_sf  # noqa: E402
+from conftest import TRITON_INTERPRET_AT_STARTUP  # noqa: E402
 from rl_triton.testing import oracle  # noqa: E402
 
 ORIGINALS = {(m, a): vars(__import__(m, fromlist=[a]))[a] for m, a in rt_sf.TARGETS}
 SF_GAE = ORIGINALS["sample_factory.algo.utils.rl_utils", "gae_advantages"]
 SF_SUM = ORIGINALS["sample_factory.algo.utils.rl_utils", "calculate_discounted_sum_torch"]
 TOL = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.float64: dict(rtol=1e-12, atol=1e-12)}
+BACKENDS = ["torch", "cpu"] + (["triton"] if TRITON_INTERPRET_AT_STARTUP else [])
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +46,7 @@ def _batch(E, T, dtype, seed, p_done=0.1, p_invalid=0.0):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("p_invalid", [0.0, 0.3])
+@pytest.mark.parametrize("p_invalid", [0.0, 0.3, 1.0])
 @pytest.mark.parametrize("E,T", [(1, 1), (3, 7), (16, 32), (64, 128)])
 def test_gae_matches_sample_factory(dtype, p_invalid, E, T):
     rewards, dones, values, valids = _batch(E, T, dtype, E * 100 + T, p_invalid=p_invalid)
@@ -54,18 +56,66 @@ def test_gae_matches_sample_factory(dtype, p_invalid, E, T):
     torch.testing.assert_close(ours, theirs, **TOL[dtype])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("p_invalid", [0.0, 0.3])
+@pytest.mark.parametrize("p_invalid", [0.0, 0.3, 1.0])
+def test_every_backend_matches_sample_factory(backend, dtype, p_invalid, monkeypatch):
+    monkeypatch.setenv("RL_TRITON_BACKEND", backend)
+    rewards, dones, values, valids = _batch(5, 17, dtype, 11, p_invalid=p_invalid)
+    torch.testing.assert_close(rt_sf.gae_advantages(rewards, dones, values, valids, 0.99, 0.95),
+                               SF_GAE(rewards, dones, values, valids, 0.99, 0.95), **TOL[dtype])
+    x, mask = rewards.t().contiguous(), valids[:, :-1].t().to(dtype)
+    torch.testing.assert_close(rt_sf.calculate_discounted_sum_torch(x, dones.t(), mask, 0.97, values[:, 0]),
+                               SF_SUM(x, dones.t(), mask, 0.97, values[:, 0]), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("p_invalid", [0.0, 0.3, 1.0])
 @pytest.mark.parametrize("last", [False, True])
-def test_discounted_sum_matches_sample_factory(dtype, p_invalid, last):
+@pytest.mark.parametrize("mask_dtype", [None, torch.float32])
+def test_discounted_sum_matches_sample_factory(dtype, p_invalid, last, mask_dtype):
     g = torch.Generator().manual_seed(5)
     x = torch.randn(40, 6, generator=g, dtype=dtype)
     dones = (torch.rand(40, 6, generator=g) < 0.1).to(dtype)
-    valids = (torch.rand(40, 6, generator=g) >= p_invalid).to(dtype)
+    valids = (torch.rand(40, 6, generator=g) >= p_invalid).to(mask_dtype or dtype)
     x_last = torch.randn(6, generator=g, dtype=dtype) if last else None
     theirs = SF_SUM(x, dones, valids, 0.97, x_last)
     torch.testing.assert_close(rt_sf.calculate_discounted_sum_torch(x, dones, valids, 0.97, x_last), theirs,
                                **TOL[dtype])
+
+
+def test_no_host_read_per_call(monkeypatch):
+    # a warm call (numba compiled, the call's plan and the rounded numbers formed), then every way
+    # a tensor's value reaches Python counted: none on a repeated call, whatever the mask holds
+    rewards, dones, values, valids = _batch(8, 16, torch.float32, 4, p_invalid=0.3)
+    x, mask = rewards.t(), valids[:, :-1].t().float()
+    rt_sf.gae_advantages(rewards, dones, values, valids, 0.99, 0.95)
+    rt_sf.calculate_discounted_sum_torch(x, dones.t(), mask, 0.97)
+    reads = []
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original):
+            reads.append(_name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    for p_invalid in (0.0, 0.3, 1.0):
+        valids = torch.rand(8, 17, generator=torch.Generator().manual_seed(1)) >= p_invalid
+        rt_sf.gae_advantages(rewards, dones, values, valids, 0.99, 0.95)
+        rt_sf.calculate_discounted_sum_torch(x, dones.t(), valids[:, :-1].t().float(), 0.97)
+    assert reads == []
+
+
+@pytest.mark.parametrize("p_invalid", [0.0, 0.3, 1.0])
+def test_gae_matches_the_valid_step_oracle(p_invalid):
+    rewards, dones, values, valids = _batch(4, 50, torch.float64, 9, p_invalid=p_invalid)
+    full = np.ones((4, 50))
+    # Sample Factory's loop discounts the trace by gamma * lambda rounded to float32
+    adv = oracle.valid_gae(rewards.numpy(), values[:, :-1].numpy(), values[:, 1:].numpy(), valids[:, :-1].numpy(),
+                           valids[:, 1:].numpy(), dones.numpy(), full * 0.98, full * float(np.float32(0.98 * 0.9)))
+    torch.testing.assert_close(rt_sf.gae_advantages(rewards, dones, values, valids, 0.98, 0.9),
+                               torch.from_numpy(adv), rtol=1e-12, atol=1e-12)
 
 
 def test_gae_matches_the_oracle():
@@ -160,4 +210,4 @@ def test_the_learners_gae_step_goes_through_the_patch(monkeypatch):
 def test_benchmark_logic_at_a_tiny_size(bench):
     rows = bench.run([4], recurrence=8, rounds=2)
     assert [r["trajectories"] for r in rows] == [4] and all(r["agree"] for r in rows)
-    assert set(rows[0]["times"]) == {"sf gae", "rt gae", "sf vtrace", "rt vtrace"}
+    assert set(rows[0]["times"]) == {"sf gae", "rt gae", "sf gae mixed", "rt gae mixed", "sf vtrace", "rt vtrace"}

@@ -32,6 +32,19 @@ def masked_gae(r, v, nv, m, g, l):
     return where(m == 0, 0.0, r + g * nv - v), where(m == 0, 1.0, g * l * m)
 
 
+def valid_gae(r, v, nv, valid, next_valid, ndone, g, trace):
+    """Sample Factory's GAE over valid steps (0/1 numbers ``valid``, ``next_valid``; ``trace`` =
+    gamma*lambda): delta = valid*(r - v) + g*(1-done)*next_valid*nv,
+    beta = (1-done)*(trace if valid else 1)."""
+    own = where(valid == 0, 0.0, r - v)
+    return own + where(ndone * next_valid == 0, 0.0, g * nv), where(ndone == 0, 0.0, where(valid == 0, 1.0, trace))
+
+
+def valid_discounted_return(x, valid, ndone, g):
+    """Sample Factory's discounted sum over valid steps: S = x + (1-done)*(g if valid else 1)*S[t+1]."""
+    return x, where(ndone == 0, 0.0, where(valid == 0, 1.0, g))
+
+
 def td_lambda_return(r, nv, nterm, ndone, g, l):
     """G[t] = r + g*(1-term)*((1-l)*nv + l*G'[t+1]); G' = nv where done (carry nv[T-1])."""
     return r + where(nterm == 0, 0.0, g * nterm * nv * (1.0 - l * ndone)), where(ndone == 0, 0.0, g * l * ndone)

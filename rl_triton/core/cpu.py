@@ -63,7 +63,7 @@ def _bind(numba):
     global nb, prange, _inline, _where, _c_step, _c_gae, _c_masked_gae, _c_td_lambda_return, _c_discounted_return
     global _c_vtrace, _c_vtrace_pg, _c_retrace, _c_arrival_gae, _not, _flags, _clip, _gain, _edge, _masked_step
     global _valid, _next_value, _all_binary, _implies, _nonzero_bytes, _spread_rows, _kl_reward, _kl_numbers
-    global _kl_none, _kl_shaped
+    global _kl_none, _kl_shaped, _c_valid_gae, _c_valid_discounted_return
     nb, prange = numba, numba.prange
     _inline = nb.njit(inline="always", cache=True)
 
@@ -84,6 +84,8 @@ def _bind(numba):
     _c_vtrace_pg = _shared(C.vtrace_pg)
     _c_retrace = _shared(C.retrace)
     _c_arrival_gae = _shared(C.arrival_gae)
+    _c_valid_gae = _shared(C.valid_gae)
+    _c_valid_discounted_return = _shared(C.valid_discounted_return)
 
     # helpers take scalars: passing arrays into a call in the loop costs reference counting.
     # Kernels pass gamma as ``gamma[i, t] * 1.0`` so that products like gamma * lambda are formed
@@ -758,6 +760,38 @@ def arrival_gae(rewards, values, done, ratio, gamma, lmbda, carry, rho_bar, c_ba
             acc = _c_step(a, b, acc)
             gain = _gain(gain, b)
             advantages[i, t] = acc
+        _edge(edge, i, acc, gain)
+
+
+@loop(spec.VALID_GAE)
+def valid_gae(rewards, values, next_values, valid, next_valid, done, gamma, trace, carry, advantages, edge):
+    """Sample Factory's GAE over valid steps (docs/semantics.md, section 6.11)."""
+    R, T = rewards.shape
+    for i in prange(R):
+        acc = carry[i] * 1.0
+        gain = 1.0
+        for t in range(T - 1, -1, -1):
+            a, b = _c_valid_gae(rewards[i, t] * 1.0, values[i, t], next_values[i, t], 1.0 - _not(valid[i, t]),
+                                1.0 - _not(next_valid[i, t]), _not(done[i, t]), gamma[i, t] * 1.0, trace[i, t])
+            acc = _c_step(a, b, acc)
+            gain = _gain(gain, b)
+            advantages[i, t] = acc
+        _edge(edge, i, acc, gain)
+
+
+@loop(spec.VALID_DISCOUNTED_RETURN)
+def valid_discounted_return(rewards, valid, done, gamma, carry, returns, edge):
+    """Sample Factory's discounted sum over valid steps (docs/semantics.md, section 6.11)."""
+    R, T = rewards.shape
+    for i in prange(R):
+        acc = carry[i] * 1.0
+        gain = 1.0
+        for t in range(T - 1, -1, -1):
+            a, b = _c_valid_discounted_return(rewards[i, t] * 1.0, 1.0 - _not(valid[i, t]), _not(done[i, t]),
+                                              gamma[i, t] * 1.0)
+            acc = _c_step(a, b, acc)
+            gain = _gain(gain, b)
+            returns[i, t] = acc
         _edge(edge, i, acc, gain)
 
 

@@ -15,7 +15,9 @@ Every scan algorithm has an argument ``carry``, the scan value beyond the window
 starts (0 when absent). It is the third argument (``CARRY``), so one Triton INIT loads it, except
 in the masked algorithms, whose INIT reads it by name: there the mask, the bootstrap value and
 then the carry come first (triton 3.6 misreads a tensor argument that follows an absent one in
-those kernels; benchmarks/engine_ptx.py compiles every order in use). What it stands
+those kernels; benchmarks/engine_ptx.py compiles every order in use), and in those entries with
+``own_init``, whose carry stands after their tensors (``arrival_gae`` and the valid-step
+algorithms). What it stands
 for is each algorithm's own (``carry`` of its entry below); a sequence split along time across
 ranks (rl_triton/core/sharded.py) hands it from chunk to chunk. The outputs are ``[R, T]`` float
 tensors.
@@ -219,13 +221,30 @@ ELIGIBILITY_TRACE = Algorithm(
     (*_f2("x"), Arg("done", "u2"), Arg("carry", "f1"), *_f2("gamma", "lmbda")),
     ("traces",), reverse=False, carry="e[-1]", hands="(1 - done[T-1])*e[T-1]")
 
+# Sample Factory's valid steps (docs/semantics.md, section 6.11): an invalid step passes the
+# accumulated value on with factor 1 and has no TD error of its own; a valid step reads V(s_{t+1})
+# only where next_valid; trace is the factor gamma*lmbda of a valid step. Every done a
+# termination. The carry stands last and INIT reads it by name: it is absent in the GAE calls, and
+# triton 3.6 misreads a tensor that follows an absent one in such kernels
+VALID_GAE = Algorithm(
+    "valid_gae",
+    (*_f2("rewards", "values", "next_values"), Arg("valid", "u2"), Arg("next_valid", "u2"), Arg("done", "u2"),
+     *_f2("gamma", "trace"), Arg("carry", "f1")),
+    ("advantages",), reverse=True, carry="A[T]", own_init=True)
+
+VALID_DISCOUNTED_RETURN = Algorithm(
+    "valid_discounted_return",
+    (*_f2("rewards"), Arg("valid", "u2"), Arg("done", "u2"), *_f2("gamma"), Arg("carry", "f1")),
+    ("returns",), reverse=True, carry="S[T]", own_init=True)
+
 AFFINE_SCAN = Algorithm(
     "affine_scan",
     (*_f2("alpha", "beta"), Arg("carry", "f1"), Arg("reverse", "b")),
     ("y",), reverse=None, carry="y beyond the edge where the scan starts")
 
 ALGORITHMS = {a.name: a for a in (GAE, TD_LAMBDA_RETURN, DISCOUNTED_RETURN, VTRACE, RETRACE, ELIGIBILITY_TRACE,
-                                  AFFINE_SCAN, MASKED_GAE, PADDED_GAE, ARRIVAL_GAE)}
+                                  AFFINE_SCAN, MASKED_GAE, PADDED_GAE, ARRIVAL_GAE, VALID_GAE,
+                                  VALID_DISCOUNTED_RETURN)}
 
 # n-step returns (docs/semantics.md, section 6.10): each step's window of up to ``n`` rewards,
 # read directly

@@ -23,15 +23,15 @@ Conventions mapped (docs/sample_factory.md):
 
 - ``gae_advantages``: ``[E, T]`` rows (batch-major), ``values`` and ``valids`` ``[E, T+1]``
   (the last column V(s_T) and its validity), ``dones[t]`` ends the episode after step t and cuts
-  both the bootstrap and the trace (``done=``). Where every step is valid this is
-  ``rl_triton.gae(rewards, values[:, :-1], done=dones, bootstrap_value=values[:, -1])``. An
-  invalid step (experience of another policy, or too old) is Sample Factory's: its TD error is
-  ``(1 - d[t]) * gamma * V[t+1] * valid[t+1]`` and it passes the next advantage on undiscounted,
-  ``A[t] = delta[t] + (1 - d[t]) * (valid[t] * gamma * lambda + 1 - valid[t]) * A[t+1]``, which
-  is ``rl_triton.affine_scan`` of those coefficients (one check of the mask decides the path).
+  both the bootstrap and the trace. An invalid step (experience of another policy, or too old)
+  is Sample Factory's: its TD error is ``(1 - d[t]) * gamma * V[t+1] * valid[t+1]`` and it
+  passes the next advantage on undiscounted, ``A[t] = delta[t] + (1 - d[t]) * (valid[t] * gamma
+  * lambda + 1 - valid[t]) * A[t+1]``: ``rl_triton.core.valid.valid_gae`` on the views
+  ``values[:, :-1]``, ``values[:, 1:]``, ``valids[:, :-1]``, ``valids[:, 1:]`` (docs/semantics.md,
+  section 6.11), one launch for any mask, which is never read on the host.
 - ``calculate_discounted_sum_torch``: time-major ``[T, ...]``, ``x_last`` the value beyond the
-  window (default 0): ``rl_triton.discounted_return(x, done=dones, bootstrap_value=x_last,
-  time_dim=0)`` where every step is valid, else the affine scan of the same rule.
+  window (default 0): ``rl_triton.core.valid.valid_discounted_return(x, valids, dones,
+  initial=x_last, time_dim=0)``, the same rule.
 - ``vtrace_targets``: the minibatch is trajectory-major, ``recurrence`` steps per trajectory,
   flattened; Sample Factory bootstraps the last step from ``(V[T-1] - r[T-1]) / gamma``, clips
   the ratio at ``rho`` for the TD errors and the advantages and at ``c`` for the trace, and
@@ -49,8 +49,9 @@ import threading
 
 import torch
 
-from .. import affine_scan, discounted_return, gae, vtrace
-from ._patching import PatchState
+from .. import vtrace
+from ..core.valid import valid_discounted_return, valid_gae
+from ._patching import PatchState, rounded
 
 __all__ = ["SAMPLE_FACTORY_VERSION", "calculate_discounted_sum_torch", "gae_advantages", "is_patched", "patch",
            "patched", "unpatch", "vtrace_targets"]
@@ -76,28 +77,10 @@ def _number(x, name: str) -> float:
     return float(x)
 
 
-def _all_valid(valids: torch.Tensor) -> bool:
-    """Whether every step is valid (one reduction; a CUDA mask waits for it)."""
-    return bool(valids.all()) if valids.dtype == torch.bool else bool((valids != 0).all())
-
-
-def _rounded(x: float, dtype: torch.dtype) -> float:
-    """``x`` rounded to ``dtype``, as Sample Factory's loop applies a number to a tensor of it."""
-    return torch.tensor(x, dtype=dtype).item()
-
-
-def _passing_coefficient(valid: torch.Tensor, discount: float, dones: torch.Tensor, dtype) -> torch.Tensor:
-    """Sample Factory's factor on the next accumulated value: the discount on valid steps, 1 on
-    invalid ones, 0 after a done; formed in ``valid``'s dtype (float32 for a bool mask, whose
-    ``.float()`` the loop multiplies by the discount), then ``dtype``."""
-    if not valid.is_floating_point():
-        valid = valid.to(torch.get_default_dtype())
-    return ((discount * valid + (1 - valid)) * (1.0 - dones.to(valid.dtype))).to(dtype)
-
-
 def gae_advantages(rewards: torch.Tensor, dones: torch.Tensor, values: torch.Tensor, valids: torch.Tensor,
                    γ: float, λ: float) -> torch.Tensor:  # noqa: PLC2401 (Sample Factory's parameter names)
-    """Sample Factory's ``gae_advantages`` as one fused scan: the advantages ``[E, T]``.
+    """Sample Factory's ``gae_advantages`` as one fused scan (one launch, no read of the mask on
+    the host): the advantages ``[E, T]``.
 
     delta[t] = (r[t] - V[t]) * valid[t] + (1 - d[t]) * gamma * V[t+1] * valid[t+1],
     A[t] = delta[t] + (1 - d[t]) * (valid[t] * gamma * lambda + 1 - valid[t]) * A[t+1], A[T] = 0.
@@ -117,24 +100,16 @@ def gae_advantages(rewards: torch.Tensor, dones: torch.Tensor, values: torch.Ten
         if tuple(x.shape) != shape:
             raise ValueError(f"{name} must have shape {shape} (rewards are {(E, T)}), got {tuple(x.shape)}")
     gamma, lmbda = _number(γ, "γ"), _number(λ, "λ")
-    if _all_valid(valids):
-        # the loop discounts the trace by gamma * lambda rounded to float32 (its mask's .float()),
-        # whatever the data's dtype
-        trace = _rounded(gamma * lmbda, torch.float32)
-        adv, _ = gae(rewards, values[:, :-1], done=dones, bootstrap_value=values[:, -1], gamma=gamma,
-                     lmbda=trace / gamma if gamma else 0.0)
-        return adv
-    # Sample Factory's TD error and passing factor on invalid steps, as an affine scan
-    dtype = rewards.dtype
-    valid = valids.to(dtype)
-    not_done = 1.0 - dones.to(dtype)
-    deltas = (rewards - values[:, :-1]) * valid[:, :-1] + not_done * (gamma * values[:, 1:] * valid[:, 1:])
-    return affine_scan(deltas, _passing_coefficient(valids[:, :-1].float(), gamma * lmbda, dones, dtype))
+    # the loop discounts the trace by gamma * lambda rounded to float32 (its mask's .float()),
+    # whatever the data's dtype
+    return valid_gae(rewards, values[:, :-1], values[:, 1:], valids[:, :-1], valids[:, 1:], dones, gamma=gamma,
+                     trace=rounded(gamma * lmbda, torch.float32))
 
 
 def calculate_discounted_sum_torch(x: torch.Tensor, dones: torch.Tensor, valids: torch.Tensor, discount: float,
                                    x_last: torch.Tensor | None = None) -> torch.Tensor:
-    """Sample Factory's ``calculate_discounted_sum_torch`` as one fused scan, time-major:
+    """Sample Factory's ``calculate_discounted_sum_torch`` as one fused scan (one launch, no read
+    of the mask on the host), time-major:
 
     S[t] = x[t] + (1 - d[t]) * (valid[t] * discount + 1 - valid[t]) * S[t+1], S[T] = x_last (0).
 
@@ -154,11 +129,9 @@ def calculate_discounted_sum_torch(x: torch.Tensor, dones: torch.Tensor, valids:
     if x_last is not None:
         _tensor(x_last, "x_last")
     discount = _number(discount, "discount")
-    if _all_valid(valids):
-        # the loop's discount is rounded to the mask's dtype (float32 for a bool one)
-        rounding = valids.dtype if valids.is_floating_point() else torch.get_default_dtype()
-        return discounted_return(x, done=dones, bootstrap_value=x_last, gamma=_rounded(discount, rounding), time_dim=0)
-    return affine_scan(x, _passing_coefficient(valids, discount, dones, x.dtype), initial=x_last, time_dim=0)
+    # the loop's discount is rounded to the mask's dtype (float32 for a bool one)
+    rounding = valids.dtype if valids.is_floating_point() else torch.get_default_dtype()
+    return valid_discounted_return(x, valids, dones, gamma=rounded(discount, rounding), initial=x_last, time_dim=0)
 
 
 def vtrace_targets(ratio: torch.Tensor, values: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor,

@@ -44,6 +44,8 @@ __all__ = [
     "masked_whiten",
     "retrace",
     "td_lambda_return",
+    "valid_discounted_return",
+    "valid_gae",
     "vtrace",
 ]
 
@@ -255,6 +257,51 @@ def discounted_return(rewards, term, done, gamma, next_values=None, carry=None):
             else:
                 x = c if t == T - 1 else out[i, t + 1]
                 out[i, t] = r[i, t] + g[i, t] * x
+    return out
+
+
+@_ieee
+def valid_gae(rewards, values, next_values, valid, next_valid, done, gamma, trace):
+    """GAE over valid steps (Sample Factory, section 6.11).
+    delta[t] = (r - v if valid[t]) + (g nv if next_valid[t] and not done[t]);
+    A[t] = delta + (1 if not valid[t] else trace) * A[t+1] unless done[t] or that factor is 0;
+    A[T] = 0."""
+    r, v, nv, g, trace = map(_f, (rewards, values, next_values, gamma, trace))
+    valid, next_valid, done = _b(valid), _b(next_valid), _b(done)
+    R, T = r.shape
+    adv = np.zeros((R, T))
+    for i in range(R):
+        a_next = 0.0
+        for t in reversed(range(T)):
+            delta = 0.0
+            if valid[i, t]:
+                delta += r[i, t] - v[i, t]
+            if next_valid[i, t] and not done[i, t]:
+                delta += g[i, t] * nv[i, t]
+            factor = trace[i, t] if valid[i, t] else 1.0
+            if not done[i, t] and factor != 0:
+                delta += factor * a_next
+            adv[i, t] = a_next = delta
+    return adv
+
+
+@_ieee
+def valid_discounted_return(x, valid, done, gamma, initial=None):
+    """Discounted sum over valid steps (Sample Factory, section 6.11).
+    S[t] = x[t] + (g if valid[t] else 1) * S[t+1] unless done[t] or that factor is 0;
+    S[T] = initial (per row), default 0."""
+    x, g = _f(x), _f(gamma)
+    valid, done = _b(valid), _b(done)
+    R, T = x.shape
+    out = np.zeros((R, T))
+    for i in range(R):
+        s_next = 0.0 if initial is None else float(initial[i])
+        for t in reversed(range(T)):
+            s = x[i, t]
+            factor = g[i, t] if valid[i, t] else 1.0
+            if not done[i, t] and factor != 0:
+                s = s + factor * s_next
+            out[i, t] = s_next = s
     return out
 
 

@@ -37,6 +37,8 @@ AFFINE_SCAN = _positions(spec.AFFINE_SCAN)
 MASKED_GAE = _positions(spec.MASKED_GAE)
 PADDED_GAE = _positions(spec.PADDED_GAE)
 ARRIVAL_GAE = _positions(spec.ARRIVAL_GAE)
+VALID_GAE = _positions(spec.VALID_GAE)
+VALID_DISCOUNTED_RETURN = _positions(spec.VALID_DISCOUNTED_RETURN)
 CARRY = tl.constexpr(spec.CARRY)  # the carry argument
 
 _registered: dict = {}  # algorithm name: {"build": BUILD, "init": INIT, "store": STORE}
@@ -75,6 +77,8 @@ _vtrace = _jit_shared(C.vtrace)
 _vtrace_pg = _jit_shared(C.vtrace_pg)
 _arrival_gae = _jit_shared(C.arrival_gae)
 _retrace = _jit_shared(C.retrace)
+_valid_gae = _jit_shared(C.valid_gae)
+_valid_discounted_return = _jit_shared(C.valid_discounted_return)
 
 
 @triton.jit
@@ -419,6 +423,49 @@ def affine_scan_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     else:
         beta = load(b, rows, t, mask, ACC)
     return alpha, beta, 0
+
+
+@triton.jit
+def _is(flag, ACC: tl.constexpr):
+    return tl.where(flag, 1.0, 0.0).to(ACC)
+
+
+@part(spec.VALID_GAE, "build")
+@triton.jit
+def valid_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
+    # Sample Factory's valid steps (docs/semantics.md, section 6.11); the positions module by its
+    # own name (compiled Triton takes no local alias of a module)
+    alpha, beta = _valid_gae(load(ins[VALID_GAE.rewards], rows, t, mask, ACC),
+                             load(ins[VALID_GAE.values], rows, t, mask, ACC),
+                             load(ins[VALID_GAE.next_values], rows, t, mask, ACC),
+                             _is(load_flag(ins[VALID_GAE.valid], rows, t, mask), ACC),
+                             _is(load_flag(ins[VALID_GAE.next_valid], rows, t, mask), ACC),
+                             _not(load_flag(ins[VALID_GAE.done], rows, t, mask), ACC),
+                             coef(ins[VALID_GAE.gamma], rows, t, mask, ACC),
+                             coef(ins[VALID_GAE.trace], rows, t, mask, ACC))
+    return alpha, beta, 0
+
+
+@part(spec.VALID_GAE, "init")
+@triton.jit
+def valid_gae_init(ins, rows, rmask, T, ACC: tl.constexpr):
+    return load_row(ins[VALID_GAE.carry], rows, rmask, ACC)
+
+
+@part(spec.VALID_DISCOUNTED_RETURN, "build")
+@triton.jit
+def valid_discounted_return_build(ins, rows, t, mask, T, ACC: tl.constexpr):
+    alpha, beta = _valid_discounted_return(load(ins[VALID_DISCOUNTED_RETURN.rewards], rows, t, mask, ACC),
+                                           _is(load_flag(ins[VALID_DISCOUNTED_RETURN.valid], rows, t, mask), ACC),
+                                           _not(load_flag(ins[VALID_DISCOUNTED_RETURN.done], rows, t, mask), ACC),
+                                           coef(ins[VALID_DISCOUNTED_RETURN.gamma], rows, t, mask, ACC))
+    return alpha, beta, 0
+
+
+@part(spec.VALID_DISCOUNTED_RETURN, "init")
+@triton.jit
+def valid_discounted_return_init(ins, rows, rmask, T, ACC: tl.constexpr):
+    return load_row(ins[VALID_DISCOUNTED_RETURN.carry], rows, rmask, ACC)
 
 
 # the STOREs that take y_prev = None in the engine's PREV_MEM regime (they read y one step back
