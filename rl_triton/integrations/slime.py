@@ -1,28 +1,39 @@
-"""slime: drop-ins for the GAE and discounted-return scans of ``slime.utils.ppo_utils`` (written
-against THUDM/slime at commit ``624b824a``), each one rl_triton call.
+"""slime: drop-ins for the GAE and discounted-return scans of ``slime.utils.ppo_utils``, its
+batch GAE under context parallelism and its advantage whitening (written against THUDM/slime at
+commit ``624b824a``), each one rl_triton call.
 
     import rl_triton.integrations.slime as rt_slime
     rt_slime.patch()          # in every process that computes advantages (slime's Megatron actors)
-    ...                       # get_advantages_and_returns_batch, get_reinforce_plus_plus_returns: rl_triton
+    ...                       # PPO's GAE (context-parallel too) and REINFORCE++'s returns: rl_triton
     rt_slime.unpatch()        # slime's own functions again (the same objects)
 
 or without patching, with slime's signatures (slime itself need not be installed)::
 
     advantages, returns = rt_slime.chunked_gae(rewards, values, gamma=1.0, lambd=0.95)
+    advantages, returns = rt_slime.context_parallel_gae(total_lengths, response_lengths, values_list,
+                                                        rewards_list, 1.0, 0.95, group=cp_group)
 
 ``patch()`` sets the attributes of ``slime.utils.ppo_utils`` named in ``FUNCTIONS``:
 ``chunked_gae`` and ``vanilla_gae`` (which ``get_advantages_and_returns_batch`` calls for PPO's
-GAE) and ``chunked_discounted_returns`` (which ``get_reinforce_plus_plus_returns`` calls).
-slime reads them as module globals at each call, so the callers reach rl_triton unchanged. This
-covers the path without context parallelism and the context-parallel one as slime runs it today
-(all-gather the sequence, scan it whole, slice): the scan on the gathered rows is the drop-in.
+GAE), ``chunked_discounted_returns`` (which ``get_reinforce_plus_plus_returns`` calls), and
+``get_advantages_and_returns_batch`` itself, also where slime's Megatron loss module bound it by
+name. slime reads them as module globals at each call, so the callers reach rl_triton unchanged.
+Without context parallelism the batch function stays slime's own around the ``chunked_gae``
+drop-in; with it, it is :func:`context_parallel_gae`: the ranks' zig-zag pieces of every response
+scanned in place by one sharded call (``rl_triton.Shards.zigzag``), where slime all-gathers each
+response, scans it whole on every rank and slices its pieces back out. ``patch(whitening=True)``
+also runs slime's ``distributed_masked_whiten`` (the advantages' whitening over the data- and
+context-parallel ranks) as ``rl_triton.masked_whiten(..., group=...)``.
 
 Conventions mapped here (docs/slime.md): ``[B, T]`` rows of response tokens padded on the right
 with zeros; GAE over the whole row with V = A = 0 past its end (no mask: slime zero-pads rewards
 and values), ``returns = advantages + values``; the discounted return restarts from 0 past the
 end. slime's ``chunk_size`` (the block length of its chunked-matmul scan) changes only its
-rounding and is not read here. Where a function here raises while slime's ``ppo_utils`` is
-imported, it raises what slime's own function raises on the same arguments.
+rounding and is not read here. Under context parallelism a sequence of ``total_length`` tokens is
+cut into 2W pieces of ``ceil(total_length / 2W)`` positions, rank k holding pieces k and 2W-1-k,
+and a response token belongs to the piece of the logits that score it (one position earlier).
+Where a function here raises while slime's module of that name is imported, it raises what
+slime's own function raises on the same arguments.
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ _LOSS = "slime.backends.megatron_utils.loss"  # binds get_advantages_and_returns
 SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"  # THUDM/slime, the code these were checked against
 _INSTALL = "slime @ git+https://github.com/THUDM/slime"
 FUNCTIONS = ("chunked_gae", "vanilla_gae", "chunked_discounted_returns", "get_advantages_and_returns_batch")
-WHITENING = "distributed_masked_whiten"  # replaced with patch(whitening=True) only
+WHITENING = "distributed_masked_whiten"  # a switch while patched: the drop-in only for whitening=True
 _HOMES = {**{name: _PPO_UTILS for name in FUNCTIONS}, WHITENING: _DISTRIBUTED_UTILS}
 
 
@@ -182,7 +193,8 @@ def context_parallel_gae(total_lengths, response_lengths, values_list, rewards_l
     the response), A[t] = delta[t] + gamma*lambd*A[t+1] (A = 0 past it), returns = A + V: slime's
     GAE of the whole response. With W ranks, the sequence (prompt and response) is cut into 2W
     pieces of ``ceil(total_length / 2W)`` positions and rank k holds the response tokens of pieces
-    k and 2W-1-k (slime's ``get_logits_and_tokens_offset_with_cp``); every response's pieces go
+    k and 2W-1-k (slime's ``get_logits_and_tokens_offset_with_cp``; a response token lies at the
+    position of the logits that score it, one before its own); every response's pieces go
     into slots of one length (its tokens first, then masked padding), the rows of this rank's
     ``[B, 2 * slot]`` batch, and ``rl_triton.gae(..., mask=m, mask_mode="skip",
     group=rl_triton.Shards.zigzag(group))`` scans them: the padding is no step, and the ranks
