@@ -222,6 +222,8 @@ def context_parallel_gae(total_lengths, response_lengths, values_list, rewards_l
         wanted = response_lengths
     else:
         rank = dist.get_rank(group)
+        if rank < 0:
+            raise ValueError("group: this process is not a member of the process group")
         bounds = [_response_pieces(t, n, world) for t, n in zip(total_lengths, response_lengths)]
         parts = [(b[rank + 1] - b[rank], b[2 * world - rank] - b[2 * world - 1 - rank]) for b in bounds]
         wanted = [a + b for a, b in parts]
