@@ -368,6 +368,24 @@ def test_without_context_parallelism_is_todays_drop_in(stand_in):
         assert torch.equal(a, b) and torch.equal(b, c)
 
 
+def test_patch_reaches_the_names_the_loss_module_bound(stand_in, monkeypatch):
+    """slime's loss module binds the batch function and the whitening by name at its import: a
+    patch sets them there too, and a loss module imported while patched (binding the patched
+    names) gets slime's back at unpatch()."""
+    loss, utils = sys.modules[LOSS], sys.modules["slime.utils.distributed_utils"]
+    theirs = (loss.get_advantages_and_returns_batch, loss.distributed_masked_whiten)
+    rt_slime.patch()
+    assert loss.get_advantages_and_returns_batch is rt_slime.get_advantages_and_returns_batch
+    assert loss.distributed_masked_whiten is utils.distributed_masked_whiten is not theirs[1]
+    later = types.ModuleType(LOSS)
+    later.get_advantages_and_returns_batch = stand_in.get_advantages_and_returns_batch
+    later.distributed_masked_whiten = utils.distributed_masked_whiten
+    monkeypatch.setitem(sys.modules, LOSS, later)
+    rt_slime.unpatch()
+    assert (later.get_advantages_and_returns_batch, later.distributed_masked_whiten) == theirs
+    assert (stand_in.get_advantages_and_returns_batch, utils.distributed_masked_whiten) == theirs
+
+
 def test_context_parallel_bad_inputs(stand_in):
     totals, lengths, rewards, values, _ = cp_sequences(0, F64)
     call = rt_slime.context_parallel_gae
