@@ -24,12 +24,26 @@ baseline's or, where the window has at most ``ORACLE_STEPS`` steps in all, from 
 (rl_triton/testing/oracle.py) on the rank's steps (relative to 1 + |expected|: 1e-4 in float32,
 1e-10 in float64) fails the run.
 
-Bytes are those each rank hands to the collectives per call. With no launcher, the script
+With ``--layout slime``, each row of a shape is one response of T tokens after a prompt of
+``--prompt`` tokens, split as slime splits it under context parallelism (the sequence cut into 2W
+pieces, a response token in the piece of the logits that score it; no done flags), and the rows
+are:
+
+- ``sharded``: ``rl_triton.integrations.slime.context_parallel_gae`` on the rank's pieces (what
+  ``get_advantages_and_returns_batch`` runs once patched): one sharded call;
+- ``slime``: slime's own path, transcribed (rl_triton/testing/frameworks.py: each response's
+  values and rewards all-reduced from zero-padded pieces, its chunked-matmul GAE on the whole
+  batch on every rank, the rank's pieces sliced back out);
+- ``slime + drop-in``: the same with rl_triton's ``chunked_gae`` drop-in as its scan (the
+  context-parallel path before the sharded call).
+
+Bytes are those each rank hands to the collectives per call (all-gathers and all-reduces). With no launcher, the script
 spawns ``--world`` processes itself (gloo on the CPU, or NCCL with one GPU each); under
 ``torchrun`` it takes the launcher's world.
 
     python benchmarks/distributed.py --world 4                          # gloo, CPU, 4 ranks
     python benchmarks/distributed.py --world 4 --layout zigzag --shapes 8x131072   # zig-zag shards
+    python benchmarks/distributed.py --world 2 --layout slime --shapes 8x131072      # slime's CP path
     python benchmarks/distributed.py --world 1 --device cuda            # NCCL, one GPU
     torchrun --nproc_per_node 2 benchmarks/distributed.py --device cuda # NCCL, two GPUs
 """
@@ -91,18 +105,20 @@ def oracle_error(got, B, T, pieces, rank, dtype, seed=0) -> float:
 
 
 class Counter:
-    """Bytes handed to all-gathers while ``on``."""
+    """Bytes handed to all-gathers and all-reduces while ``on``."""
 
     def __init__(self, dist):
         self.on, self.bytes = False, 0
-        self.name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
-        original = getattr(dist, self.name)
+        gather = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+        for name, local_at in ((gather, 1), ("all_reduce", 0)):
+            setattr(dist, name, self._counted(getattr(dist, name), local_at))
 
-        def counted(out, local, *args, **kwargs):
+    def _counted(self, original, local_at):
+        def counted(*args, **kwargs):
             if self.on:
-                self.bytes += local.numel() * local.element_size()
-            return original(out, local, *args, **kwargs)
-        setattr(dist, self.name, counted)
+                self.bytes += args[local_at].numel() * args[local_at].element_size()
+            return original(*args, **kwargs)
+        return counted
 
 
 def _ways(rt, dist, group, world, chunk, gather_bytes, pieces):
@@ -200,6 +216,106 @@ def _time(fn, calls, dist, group, device):
     return float(took)
 
 
+def slime_sequences(B, T, prompt, dtype, seed=0):
+    """``B`` whole responses of ``T`` tokens after prompts of ``prompt``: total and response
+    lengths, rewards, values (float ``dtype``)."""
+    g = torch.Generator().manual_seed(seed)
+    rewards = [torch.randn(T, generator=g).to(dtype) for _ in range(B)]
+    values = [torch.randn(T, generator=g).to(dtype) for _ in range(B)]
+    return [prompt + T] * B, [T] * B, rewards, values
+
+
+def _slime_ways(dist, group, world, B, T, prompt, dtype, device):
+    """The ways of ``--layout slime`` on this rank's pieces, and the float64 oracle's advantages
+    of them."""
+    import numpy as np
+
+    import rl_triton.integrations.slime as rt_slime
+    from rl_triton.testing import frameworks, oracle
+
+    rank = dist.get_rank(group)
+    totals, lengths, rewards, values = slime_sequences(B, T, prompt, dtype)
+
+    def mine(x, t, n):
+        return frameworks.slime_slice_log_prob_with_cp(x, t, n, rank, world).to(device)
+
+    local_r, local_v = ([mine(x, t, n) for x, t, n in zip(xs, totals, lengths)] for xs in (rewards, values))
+    gamma, lambd = 1.0, 0.95
+
+    def want():
+        r, v = (torch.stack(xs).double().numpy() for xs in (rewards, values))
+        zeros, ones = np.zeros_like(r), np.ones_like(r)
+        adv, _ = oracle.gae(r, v, oracle.implied_next_values(v), zeros, zeros, gamma * ones, lambd * ones)
+        return [mine(torch.from_numpy(np.asarray(a)), t, n) for a, t, n in zip(adv, totals, lengths)]
+
+    def sharded():
+        return rt_slime.context_parallel_gae(totals, lengths, local_v, local_r, gamma, lambd, group=group)
+
+    def slime(scans=None):
+        return frameworks.slime_get_advantages_and_returns_batch(totals, lengths, local_v, local_r, gamma, lambd,
+                                                                 rank, world, group, scans=scans)
+
+    return {"sharded": sharded, "slime": slime, "slime + drop-in": lambda: slime(rt_slime)}, want
+
+
+def slime_worker(rank, world, group, dist, counter, args, device):
+    """``--layout slime``: per shape, the ways' bytes and results checked, then timed in rounds."""
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    for shape in args.shapes.split(","):
+        B, T = (int(n) for n in shape.split("x"))
+        ways, want = _slime_ways(dist, group, world, B, T, args.prompt, dtype, device)
+        sent = {}
+        results = {}
+        for way, fn in ways.items():
+            counter.on, counter.bytes = True, 0
+            results[way] = fn()
+            counter.on = False
+            sent[way] = counter.bytes
+        def diff(got, expected):  # 0 where the rank holds no token
+            got, expected = torch.cat(got), torch.cat(expected)
+            return relative_error([got], [expected]) if got.numel() else 0.0
+
+        err = torch.tensor([diff(results["sharded"][k], results["slime"][k]) for k in (0, 1)], dtype=torch.float64)
+        oracle = None
+        if B * T <= ORACLE_STEPS:
+            err = torch.cat([err, torch.tensor([diff(results["sharded"][0], want())], dtype=torch.float64)])
+        dist.all_reduce(err, op=dist.ReduceOp.MAX, group=group)
+        if B * T <= ORACLE_STEPS:
+            oracle = float(err[2])
+        calls = max(1, min(args.max_calls, int(args.batch_s / max(_time(ways["slime"], 1, dist, group, device),
+                                                                   1e-6))))
+        names = tuple(ways)
+        times = {way: [] for way in names}
+        for k in range(args.rounds):
+            for way in names[k % len(names):] + names[:k % len(names)]:
+                times[way].append(_time(ways[way], calls, dist, group, device))
+        rows.append((shape, times, sent, float(err[:2].max()), oracle))
+    if rank == 0:
+        _slime_report(rows, world, args, device)
+
+
+def _slime_report(rows, world, args, device):
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else machine()
+    print(f"\nslime's context-parallel GAE over {world} rank(s) ({'NCCL' if device.type == 'cuda' else 'gloo'}, "
+          f"{where}), responses after prompts of {args.prompt} tokens, {args.dtype}, median ms per call of the "
+          f"slowest rank (lowest-highest of {args.rounds} rounds)\n")
+    print("| B x T | sharded | slime | slime + drop-in | slime / sharded | bytes per rank: sharded | slime | "
+          "max relative diff from slime | vs oracle |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for shape, times, sent, err, oracle in rows:
+        ms = {way: spread([t * 1e3 for t in ts], "{:.3f}") for way, ts in times.items()}
+        speedup = [a / s for a, s in zip(times["slime"], times["sharded"])]
+        print(f"| {shape} | {ms['sharded']} | {ms['slime']} | {ms['slime + drop-in']} | "
+              f"{spread(speedup, '{:.1f}', 'x')} | {sent['sharded']} | {sent['slime']} | {err:.1e} | "
+              f"{'-' if oracle is None else f'{oracle:.1e}'} |")
+    bad = [shape for shape, _, _, err, oracle in rows
+           if not err <= TOLERANCE[args.dtype] or (oracle is not None and not oracle <= TOLERANCE[args.dtype])]
+    if bad:
+        print(f"FAILED: the sharded result differs from slime's at {', '.join(bad)}", file=sys.stderr)
+        sys.exit(1)
+
+
 def worker(rank, world, port, args):
     import torch.distributed as dist
 
@@ -213,6 +329,12 @@ def worker(rank, world, port, args):
     import rl_triton as rt
 
     counter = Counter(dist)
+    if args.layout == "slime":
+        try:
+            slime_worker(rank, world, group, dist, counter, args, device)
+        finally:
+            dist.destroy_process_group()
+        return
     dtype = getattr(torch, args.dtype)
     rows = []
     try:
@@ -292,8 +414,10 @@ def main():
     p.add_argument("--world", type=int, default=4, help="ranks to spawn when not under torchrun")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="gloo on the CPU or NCCL on GPUs")
     p.add_argument("--shapes", default=SHAPES, help="comma-separated BxT (T divisible by the pieces: W, or 2W)")
-    p.add_argument("--layout", choices=("contiguous", "zigzag"), default="contiguous",
-                   help="one chunk per rank in rank order, or Megatron's pieces k and 2W-1-k")
+    p.add_argument("--layout", choices=("contiguous", "zigzag", "slime"), default="contiguous",
+                   help="one chunk per rank in rank order, Megatron's pieces k and 2W-1-k, or slime's "
+                        "context-parallel GAE (rows: responses)")
+    p.add_argument("--prompt", type=int, default=512, help="--layout slime: the prompt length before each response")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="float dtype")
     p.add_argument("--rounds", type=int, default=5, help="rounds of the side-by-side timing")
     p.add_argument("--batch-s", type=float, default=0.3, help="seconds of calls per timed batch (about)")

@@ -285,7 +285,8 @@ def test_repeated_calls_run_the_chunk_plan(world):
 
 def _tail_worker(rank, world, group):
     """The CPU's second pass reruns only the tail of the chunk that the carry reaches, where a
-    zero coefficient lies in it or the coefficients' product underflows, and the whole chunk
+    zero coefficient lies in it or the coefficients' product falls below the smallest normal
+    float64 (also where a subnormal times the coefficient rounds back to itself), and the whole chunk
     where neither (no done, gamma = lambda = 1), in both scan directions and for the two-state
     scan: against the unsharded call."""
     from rl_triton.core import sharded
@@ -309,6 +310,8 @@ def _tail_worker(rank, world, group):
     cases = (("gae", (r, v), dict(done=done, bootstrap_value=boot), True),
              ("gae", (r, v), dict(bootstrap_value=boot, gamma=1.0, lmbda=1.0), False),
              ("gae", (r, v), dict(mask=mask, gamma=0.3, lmbda=0.9), True),  # 0.27**900 underflows to 0
+             # 0.5005**1024 is below the smallest normal; a subnormal times 0.5005 rounds to itself
+             ("gae", (r, v), dict(bootstrap_value=boot, gamma=0.5005, lmbda=1.0), True),
              ("eligibility_trace", (r,), dict(done=done, initial=boot), True),
              ("eligibility_trace", (r,), dict(initial=boot, gamma=1.0, lmbda=1.0), False))
     for backend in _backends()[:2]:

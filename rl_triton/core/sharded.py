@@ -556,6 +556,10 @@ class ChunkPlan:
 TAIL_STEPS = 1024  # the CPU's second pass first tries max(TAIL_STEPS, T/TAIL_FRACTION) steps
 TAIL_FRACTION = 16
 TAIL_GROWTH = 4  # then tails this many times longer, while shorter than the chunk
+# a tail's gain below the smallest normal float64 counts as 0: a subnormal product of betas above
+# 1/2 rounds back to itself and never reaches 0, and the carry's share it leaves out is below
+# 2.3e-308 times the carry
+SMALLEST_GAIN = float(torch.finfo(torch.float64).tiny)
 
 
 def _second_pass(fn, kw, first, out, chunk, tdim, reverse, two_state, ref, backend):
@@ -564,7 +568,8 @@ def _second_pass(fn, kw, first, out, chunk, tdim, reverse, two_state, ref, backe
     tensors), only the steps that the carry reaches are run again: the tail that ends where the
     scan starts (its last ``L`` steps for reverse scans, first for forward), when its map's gain
     from the carry is 0 on every row (a zero coefficient, a done, lies in it, or the product of
-    coefficients underflows); then the outputs before it are the first pass's as they stand.
+    coefficients falls below the smallest normal float64, ``SMALLEST_GAIN``); then the outputs
+    before it are the first pass's as they stand.
     ``L`` is ``max(TAIL_STEPS, T/TAIL_FRACTION)``, then ``TAIL_GROWTH`` times longer while the
     gain is not 0 and ``L`` is shorter than the chunk (at most 1.33 chunks run in tails).
     Otherwise, and on Triton (whose first pass computes the map alone), the whole chunk again.
@@ -588,7 +593,7 @@ def _second_pass(fn, kw, first, out, chunk, tdim, reverse, two_state, ref, backe
         _one_call(fn, {**{k: cut(k, x) for k, x in kw.items()}, "out": views if len(views) > 1 else views[0]},
                   chunk._replace(edge=edge))
         gains = edge[:, [1, 3, 4]] if two_state else edge[:, 1]
-        if not (gains != 0).any():
+        if not (~(gains.abs() < SMALLEST_GAIN)).any():  # a NaN gain counts as one
             if out is None:
                 return first
             given = out if isinstance(out, (tuple, list)) else (out,)

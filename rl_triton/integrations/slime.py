@@ -1,50 +1,66 @@
-"""slime: drop-ins for the GAE and discounted-return scans of ``slime.utils.ppo_utils`` (written
-against THUDM/slime at commit ``624b824a``), each one rl_triton call.
+"""slime: drop-ins for the GAE and discounted-return scans of ``slime.utils.ppo_utils``, its
+batch GAE under context parallelism and its advantage whitening (written against THUDM/slime at
+commit ``624b824a``), each one rl_triton call.
 
     import rl_triton.integrations.slime as rt_slime
     rt_slime.patch()          # in every process that computes advantages (slime's Megatron actors)
-    ...                       # get_advantages_and_returns_batch, get_reinforce_plus_plus_returns: rl_triton
+    ...                       # PPO's GAE (context-parallel too) and REINFORCE++'s returns: rl_triton
     rt_slime.unpatch()        # slime's own functions again (the same objects)
 
 or without patching, with slime's signatures (slime itself need not be installed)::
 
     advantages, returns = rt_slime.chunked_gae(rewards, values, gamma=1.0, lambd=0.95)
+    advantages, returns = rt_slime.context_parallel_gae(total_lengths, response_lengths, values_list,
+                                                        rewards_list, 1.0, 0.95, group=cp_group)
 
 ``patch()`` sets the attributes of ``slime.utils.ppo_utils`` named in ``FUNCTIONS``:
 ``chunked_gae`` and ``vanilla_gae`` (which ``get_advantages_and_returns_batch`` calls for PPO's
-GAE) and ``chunked_discounted_returns`` (which ``get_reinforce_plus_plus_returns`` calls).
-slime reads them as module globals at each call, so the callers reach rl_triton unchanged. This
-covers the path without context parallelism and the context-parallel one as slime runs it today
-(all-gather the sequence, scan it whole, slice): the scan on the gathered rows is the drop-in.
+GAE), ``chunked_discounted_returns`` (which ``get_reinforce_plus_plus_returns`` calls), and
+``get_advantages_and_returns_batch`` itself, also where slime's Megatron loss module bound it by
+name. slime reads them as module globals at each call, so the callers reach rl_triton unchanged.
+Without context parallelism the batch function stays slime's own around the ``chunked_gae``
+drop-in; with it, it is :func:`context_parallel_gae`: the ranks' zig-zag pieces of every response
+scanned in place by one sharded call (``rl_triton.Shards.zigzag``), where slime all-gathers each
+response, scans it whole on every rank and slices its pieces back out. ``patch(whitening=True)``
+also runs slime's ``distributed_masked_whiten`` (the advantages' whitening over the data- and
+context-parallel ranks) as ``rl_triton.masked_whiten(..., group=...)``.
 
 Conventions mapped here (docs/slime.md): ``[B, T]`` rows of response tokens padded on the right
 with zeros; GAE over the whole row with V = A = 0 past its end (no mask: slime zero-pads rewards
 and values), ``returns = advantages + values``; the discounted return restarts from 0 past the
 end. slime's ``chunk_size`` (the block length of its chunked-matmul scan) changes only its
-rounding and is not read here. Where a function here raises while slime's ``ppo_utils`` is
-imported, it raises what slime's own function raises on the same arguments.
+rounding and is not read here. Under context parallelism a sequence of ``total_length`` tokens is
+cut into 2W pieces of ``ceil(total_length / 2W)`` positions, rank k holding pieces k and 2W-1-k,
+and a response token belongs to the piece of the logits that score it (one position earlier).
+Where a function here raises while slime's module of that name is imported, it raises what
+slime's own function raises on the same arguments.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
-import types
 
 import torch
 
-from .. import discounted_return, gae
+from .. import Shards, discounted_return, gae, masked_moments, masked_whiten
 from ..core.docstrings import documented
 from ._llm import tensor_arg
 from ._patching import PatchState, raising_as, requires_framework
 
-__all__ = ["FUNCTIONS", "chunked_discounted_returns", "chunked_gae", "is_patched", "patch", "patched", "unpatch",
-           "vanilla_gae"]
+__all__ = ["FUNCTIONS", "WHITENING", "chunked_discounted_returns", "chunked_gae", "context_parallel_gae",
+           "distributed_masked_whiten", "get_advantages_and_returns_batch", "is_patched", "patch", "patched",
+           "unpatch", "vanilla_gae"]
 
 _PPO_UTILS = "slime.utils.ppo_utils"
+_DISTRIBUTED_UTILS = "slime.utils.distributed_utils"
+_LOSS = "slime.backends.megatron_utils.loss"  # binds get_advantages_and_returns_batch and the whitening at import
 SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"  # THUDM/slime, the code these were checked against
 _INSTALL = "slime @ git+https://github.com/THUDM/slime"
-FUNCTIONS = ("chunked_gae", "vanilla_gae", "chunked_discounted_returns")
+FUNCTIONS = ("chunked_gae", "vanilla_gae", "chunked_discounted_returns", "get_advantages_and_returns_batch")
+WHITENING = "distributed_masked_whiten"  # a switch while patched: the drop-in only for whitening=True
+_HOMES = {**{name: _PPO_UTILS for name in FUNCTIONS}, WHITENING: _DISTRIBUTED_UTILS}
 
 
 def _rows(x, name: str) -> torch.Tensor:
@@ -55,10 +71,10 @@ def _rows(x, name: str) -> torch.Tensor:
 
 
 def _slime_function(name: str):
-    """slime's own function ``name`` for the error path, while its ppo_utils is imported."""
-    module = sys.modules.get(_PPO_UTILS)
+    """slime's own function ``name`` for the error path, while its module is imported."""
+    module = sys.modules.get(_HOMES[name])
     fn = _saved.get(name) or (None if module is None else getattr(module, name, None))
-    return None if fn is None or fn is _OURS.get(name) else fn
+    return None if fn is None or fn is _OURS.get(name) or fn is _INSTALLED.get(name) else fn
 
 
 _raises_as_slime = raising_as(_slime_function)
@@ -113,7 +129,191 @@ def chunked_discounted_returns(rewards, discount, chunk_size=128):
         return discounted_return(_rows(rewards, "rewards"), gamma=discount)
 
 
-_OURS = {name: globals()[name] for name in FUNCTIONS}
+_BATCH_ARGS = dict(
+    total_lengths="the length of each sequence, prompt and response (ints, the same on every CP rank).",
+    response_lengths="the number of response tokens of each sequence (ints, the same on every CP rank).",
+    values_list="one 1-D float tensor per sequence: the values of this rank's response tokens (its two "
+                "pieces of the response, concatenated, under context parallelism; the whole response without).",
+    rewards_list="one 1-D float tensor per sequence, laid out as ``values_list``: the token rewards.",
+    gamma="the discount: a number or a tensor in [0, 1].",
+    lambd="the GAE lambda: a number or a tensor in [0, 1].",
+)
+
+
+def _response_pieces(total_length: int, response_length: int, world: int) -> list:
+    """Where Megatron's context-parallel split cuts one response: the ``2 * world + 1`` bounds, in
+    response-token positions, of the ``2 * world`` pieces of ``ceil(total_length / (2 * world))``
+    sequence positions. Response token j is scored by the logits at sequence position
+    ``prompt_length - 1 + j``, so piece m holds the tokens whose position lies in
+    ``[m * size, (m + 1) * size)``; pieces inside the prompt are empty."""
+    size = -(-total_length // (2 * world))
+    shift = total_length - response_length - 1
+    return [min(max(m * size - shift, 0), response_length) for m in range(2 * world + 1)]
+
+
+def _lengths(x, name: str) -> list:
+    if isinstance(x, (str, bytes, torch.Tensor)) or not hasattr(x, "__len__"):
+        raise TypeError(f"{name} must be a list of ints, got {type(x).__name__}")
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in x):
+        raise TypeError(f"{name} must hold ints, got {list(x)!r}")
+    return list(x)
+
+
+def _token_lists(values_list, rewards_list, B: int):
+    for name, xs in (("values_list", values_list), ("rewards_list", rewards_list)):
+        if isinstance(xs, torch.Tensor) or not hasattr(xs, "__len__"):
+            raise TypeError(f"{name} must be a list of 1-D tensors, got {type(xs).__name__}")
+        if len(xs) != B:
+            raise ValueError(f"{name} must hold one tensor per sequence ({B}), got {len(xs)}")
+        for i, x in enumerate(xs):
+            if tensor_arg(x, f"{name}[{i}]").ndim != 1:
+                raise ValueError(f"{name}[{i}] must be 1-D (the sequence's tokens), got shape {tuple(x.shape)}")
+
+
+def _without_cp(response_lengths, values_list, rewards_list, gamma, lambd):
+    """slime's path without context parallelism: the responses in zero-padded rows, one scan."""
+    values = values_list[0].new_zeros(len(response_lengths), max(response_lengths))
+    rewards = torch.zeros_like(values)
+    for i, n in enumerate(response_lengths):
+        values[i, :n] = values_list[i]
+        rewards[i, :n] = rewards_list[i]
+    advantages, returns = _gae(rewards, values, gamma, lambd)
+    return ([advantages[i, :n] for i, n in enumerate(response_lengths)],
+            [returns[i, :n] for i, n in enumerate(response_lengths)])
+
+
+@documented(_BATCH_ARGS, group="the context-parallel ``torch.distributed`` ProcessGroup (Megatron's "
+            "``mpu.get_context_parallel_group()``), or None: no context parallelism.")
+def context_parallel_gae(total_lengths, response_lengths, values_list, rewards_list, gamma, lambd, group=None):
+    """GAE of every response split over the context-parallel ranks of ``group`` as Megatron-LM
+    (and slime) split it, as one sharded call: ``(advantages_list, returns_list)``, this rank's
+    tokens of each response, laid out as ``values_list``.
+
+    Per response, backwards over its tokens t, delta[t] = r[t] + gamma*V[t+1] - V[t] (V = 0 past
+    the response), A[t] = delta[t] + gamma*lambd*A[t+1] (A = 0 past it), returns = A + V: slime's
+    GAE of the whole response. With W ranks, the sequence (prompt and response) is cut into 2W
+    pieces of ``ceil(total_length / 2W)`` positions and rank k holds the response tokens of pieces
+    k and 2W-1-k (slime's ``get_logits_and_tokens_offset_with_cp``; a response token lies at the
+    position of the logits that score it, one before its own); every response's pieces go
+    into slots of one length (its tokens first, then masked padding), the rows of this rank's
+    ``[B, 2 * slot]`` batch, and ``rl_triton.gae(..., mask=m, mask_mode="skip",
+    group=rl_triton.Shards.zigzag(group))`` scans them: the padding is no step, and the ranks
+    exchange a few numbers per row instead of the responses (docs/distributed.md).
+    Every rank of ``group`` calls it with the same lengths. The outputs have ``values_list``'s
+    dtype (slime casts the rewards to it). No autograd.
+    """
+    import torch.distributed as dist
+
+    total_lengths = _lengths(total_lengths, "total_lengths")
+    response_lengths = _lengths(response_lengths, "response_lengths")
+    B = len(response_lengths)
+    if B == 0 or len(total_lengths) != B:
+        raise ValueError(f"total_lengths and response_lengths must give the same number of sequences (one at "
+                         f"least), got {len(total_lengths)} and {B}")
+    for t, n in zip(total_lengths, response_lengths):
+        if not 0 < n < t:
+            raise ValueError(f"response_lengths must lie in [1, total_length) (a prompt of one token at least), "
+                             f"got {n} for a total length of {t}")
+    _token_lists(values_list, rewards_list, B)
+    if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
+    world = 1 if group is None else dist.get_world_size(group)
+    if world == 1:
+        wanted = response_lengths
+    else:
+        rank = dist.get_rank(group)
+        if rank < 0:
+            raise ValueError("group: this process is not a member of the process group")
+        bounds = [_response_pieces(t, n, world) for t, n in zip(total_lengths, response_lengths)]
+        parts = [(b[rank + 1] - b[rank], b[2 * world - rank] - b[2 * world - 1 - rank]) for b in bounds]
+        wanted = [a + b for a, b in parts]
+    for i, n in enumerate(wanted):
+        for name, xs in (("values_list", values_list), ("rewards_list", rewards_list)):
+            if xs[i].shape[0] != n:
+                raise ValueError(f"{name}[{i}] must hold this rank's {n} tokens of the response, got {xs[i].shape[0]}")
+    with torch.no_grad():
+        if world == 1:
+            return _without_cp(response_lengths, values_list, rewards_list, gamma, lambd)
+        slot = max(1, max(b[m + 1] - b[m] for b in bounds for m in range(2 * world)))
+        # where each of this rank's tokens goes in its [B, 2 * slot] rows: piece k at the start of
+        # the row's first slot, piece 2W-1-k at the start of its second
+        counts = torch.tensor([n for pair in parts for n in pair])
+        starts = torch.arange(2 * B) * slot - (counts.cumsum(0) - counts)
+        index = (torch.repeat_interleave(starts, counts) + torch.arange(int(counts.sum()))).to(values_list[0].device)
+        values = torch.cat(list(values_list))
+        rows_v = values.new_zeros(B * 2 * slot).index_copy_(0, index, values)
+        rows_r = rows_v.new_zeros(B * 2 * slot).index_copy_(0, index, torch.cat(list(rewards_list)).to(values.dtype))
+        mask = torch.zeros(B * 2 * slot, dtype=torch.bool, device=values.device).index_fill_(0, index, True)
+        advantages, returns = gae(rows_r.view(B, -1), rows_v.view(B, -1), mask=mask.view(B, -1), mask_mode="skip",
+                                  gamma=gamma, lmbda=lambd, group=Shards.zigzag(group))
+        return (list(advantages.view(-1).index_select(0, index).split(wanted)),
+                list(returns.view(-1).index_select(0, index).split(wanted)))
+
+
+@_raises_as_slime
+@documented(_BATCH_ARGS, chunked="slime's choice between chunked_gae and vanilla_gae; not read here (the same GAE).")
+def get_advantages_and_returns_batch(total_lengths, response_lengths, values_list, rewards_list, gamma, lambd,
+                                     chunked=True):
+    """slime's ``get_advantages_and_returns_batch``: ``(advantages_list, returns_list)``, this
+    rank's tokens of each response's GAE.
+
+    Reads the context-parallel world from Megatron-LM's ``mpu``, as slime's does. With one rank
+    (no context parallelism) it is slime's own function while patched (whose scan is the
+    ``chunked_gae`` drop-in), and the same zero-padded batch and scan otherwise. With several it
+    is :func:`context_parallel_gae` on ``mpu.get_context_parallel_group()``: one sharded scan of
+    the ranks' pieces where slime all-gathers every response, scans it whole on every rank and
+    slices its pieces back out. The results agree to rounding.
+    """
+    from megatron.core import mpu
+
+    if mpu.get_context_parallel_world_size() == 1:
+        theirs = _saved.get("get_advantages_and_returns_batch")
+        if theirs is not None:
+            return theirs(total_lengths, response_lengths, values_list, rewards_list, gamma, lambd, chunked=chunked)
+        return context_parallel_gae(total_lengths, response_lengths, values_list, rewards_list, gamma, lambd)
+    return context_parallel_gae(total_lengths, response_lengths, values_list, rewards_list, gamma, lambd,
+                                group=mpu.get_context_parallel_group())
+
+
+@_raises_as_slime
+@documented(
+    values="the rank's float tensor of advantages (any shape; may be empty).",
+    mask="``values``' shape: nonzero marks a token that enters the statistics.",
+    process_group="the ``torch.distributed`` ProcessGroup whose ranks' tokens the statistics span "
+                  "(slime: the data-parallel group with context parallelism); None: the default group.",
+    shift_mean="False adds the mean back (only the scale changes).",
+    epsilon="added to the variance under the square root.",
+)
+def distributed_masked_whiten(values, mask, process_group=None, shift_mean=True, epsilon=1e-8):
+    """slime's ``distributed_masked_whiten``: ``(values - mean) * rsqrt(var + epsilon)`` with the
+    mean and unbiased variance (n / (n - 1), for n >= 2) of the masked tokens of every rank of
+    ``process_group``, as ``rl_triton.masked_whiten(values, mask, shift_mean=shift_mean,
+    eps=epsilon, group=process_group)``: one all-gather of each rank's (count, mean, M2) in
+    float64 where slime all-reduces float32 sums and sums of squares. A mask without a token on
+    any rank is slime's ``ValueError`` (one more all-gather of the counts, read on the host as
+    slime reads its own). Under context parallelism each rank passes its pieces of every response
+    and the statistics are those of the whole responses. No autograd.
+    """
+    import torch.distributed as dist
+
+    group = dist.group.WORLD if process_group is None else process_group
+    count, _, _ = masked_moments(values, mask, group=group)
+    if count.item() == 0:
+        raise ValueError("mask: no token is valid on any rank of process_group")
+    return masked_whiten(values, mask, shift_mean=shift_mean, eps=epsilon, group=group)
+
+
+def _whitening_switch(values, mask, process_group=None, shift_mean=True, epsilon=1e-8):
+    """What a patch sets as slime's ``distributed_masked_whiten``: the drop-in while the most
+    recent holder of the patch asked for ``whitening=True``, slime's own function otherwise."""
+    if _state.settings(_DEFAULT_SETTINGS)["whitening"]:
+        return distributed_masked_whiten(values, mask, process_group, shift_mean, epsilon)
+    return _saved[WHITENING](values, mask, process_group, shift_mean, epsilon)
+
+
+_OURS = {name: globals()[name] for name in (*FUNCTIONS, WHITENING)}
+_INSTALLED = {**{name: _OURS[name] for name in FUNCTIONS}, WHITENING: _whitening_switch}  # what patch() sets
+_DEFAULT_SETTINGS = {"whitening": False}
 
 
 def _ppo_utils():
@@ -121,39 +321,58 @@ def _ppo_utils():
     return importlib.import_module(_PPO_UTILS)
 
 
-_module: types.ModuleType | None = None
 _saved = {}  # name -> slime's function that patch() replaced
 
 
 def _apply() -> None:
-    global _module
-    module = _ppo_utils()
-    for name in FUNCTIONS:
-        if name in vars(module):
+    _ppo_utils()
+    for name, fn in _INSTALLED.items():
+        module = sys.modules.get(_HOMES[name]) or importlib.util.find_spec(_HOMES[name]) and \
+            importlib.import_module(_HOMES[name])
+        if module and name in vars(module):
             _saved[name] = getattr(module, name)
-            setattr(module, name, _OURS[name])
-    _module = module
+            setattr(module, name, fn)
+    # slime's loss module binds two of them by name when it is imported; once imported, it keeps
+    # slime's objects unless they are set there too (imported later, it binds the patched ones)
+    loss = sys.modules.get(_LOSS)
+    for name, fn in _saved.items():
+        if loss is not None and getattr(loss, name, None) is fn:
+            setattr(loss, name, _INSTALLED[name])
 
 
 def _restore() -> None:
-    global _module
-    module, _module = _module, None
-    for name, fn in _saved.items():
-        if getattr(module, name, None) is _OURS[name]:  # what someone else set since stays
-            setattr(module, name, fn)
+    for module in (*{sys.modules.get(_HOMES[name]) for name in _saved}, sys.modules.get(_LOSS)):
+        for name, fn in _saved.items():
+            if module is not None and getattr(module, name, None) is _INSTALLED[name]:  # another's setting stays
+                setattr(module, name, fn)
     _saved.clear()
 
 
 _state = PatchState(_apply, _restore)
 
 
-def patch() -> None:
-    """Route slime's ``FUNCTIONS`` (the GAE and discounted-return scans of ``slime.utils.ppo_utils``)
-    through rl_triton until ``unpatch()``. Imports slime; ``ImportError`` where it cannot.
-    Idempotent. Thread-safe. Call it in each process that computes advantages (slime's Megatron
-    training actors); the patch is shared with ``patched()`` blocks, in any thread."""
+def _settings(whitening) -> dict:
+    if not isinstance(whitening, bool):
+        raise TypeError(f"whitening must be a bool, got {type(whitening).__name__}")
+    return {"whitening": whitening}
+
+
+def patch(whitening: bool = False) -> None:
+    """Route slime's ``FUNCTIONS`` (the GAE and discounted-return scans of ``slime.utils.ppo_utils``
+    and ``get_advantages_and_returns_batch``, whose context-parallel path becomes one sharded
+    scan) through rl_triton until ``unpatch()``; with ``whitening=True`` also slime's
+    ``distributed_masked_whiten`` (the advantage whitening over the data- and context-parallel
+    ranks), which otherwise stays slime's. Imports slime; ``ImportError`` where it cannot.
+    Idempotent (a later call's ``whitening`` holds from then on). Thread-safe. Call it in each
+    process that computes advantages (slime's Megatron training actors); the patch is shared with
+    ``patched()`` blocks, in any thread.
+
+    Args:
+        whitening: whether slime's whitening runs as ``rl_triton.masked_whiten`` (a bool).
+    """
+    settings = _settings(whitening)
     _ppo_utils()
-    _state.patch()
+    _state.patch(settings)
 
 
 def unpatch() -> None:
@@ -167,9 +386,15 @@ def is_patched() -> bool:
     return _state.active
 
 
-def patched():
-    """``with patched(): ...``: slime is patched for the block. Blocks nest, also across threads;
-    slime's own functions come back when the last holder (block or ``patch()``) lets go. Imports
-    slime when called (``ImportError`` where it cannot)."""
+def patched(whitening: bool = False):
+    """``with patched(): ...``: slime is patched for the block (``whitening`` as for ``patch()``,
+    while the block is the most recent holder). Blocks nest, also across threads; slime's own
+    functions come back when the last holder (block or ``patch()``) lets go. Imports slime when
+    called (``ImportError`` where it cannot).
+
+    Args:
+        whitening: whether slime's whitening runs as ``rl_triton.masked_whiten`` (a bool).
+    """
+    settings = _settings(whitening)
     _ppo_utils()
-    return _state.patched()
+    return _state.patched(settings)

@@ -238,6 +238,168 @@ def slime_chunked_gae(rewards, values, gamma, lambd, chunk_size=128):
     return advantages, advantages + values
 
 
+# slime's context-parallel path (THUDM/slime at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515):
+# slime/backends/megatron_utils/cp_utils.py (get_logits_and_tokens_offset_with_cp,
+# all_gather_with_cp, slice_log_prob_with_cp), slime/utils/ppo_utils.py
+# (get_advantages_and_returns_batch), slime/utils/distributed_utils.py (distributed_masked_whiten)
+# and the whitening block of compute_advantages_and_returns in
+# slime/backends/megatron_utils/loss.py. Megatron's ``mpu`` lookups are the arguments ``cp_rank``,
+# ``cp_size`` and ``cp_group``.
+
+
+def slime_cp_offsets(total_length, response_length, cp_rank, cp_size):
+    """slime's get_logits_and_tokens_offset_with_cp: ``(chunk_size, chunks, logits, tokens)``, the
+    offsets (from the prompt's start) of this rank's two pieces of the sequence, of the logits
+    (one position earlier than the tokens) inside them, and of their tokens; an empty range is
+    ``(0, 0)``."""
+    assert cp_size > 1
+    prompt_length = total_length - response_length
+    chunk_size = (total_length + 2 * cp_size - 1) // (2 * cp_size)
+    chunks = ((cp_rank * chunk_size, (cp_rank + 1) * chunk_size),
+              ((2 * cp_size - cp_rank - 1) * chunk_size, (2 * cp_size - cp_rank) * chunk_size))
+    logits, tokens = [], []
+    for lo, hi in chunks:
+        span = (max(lo, prompt_length - 1), min(hi, total_length - 1))
+        if span[0] < span[1]:
+            logits.append(span)
+            tokens.append((span[0] + 1, span[1] + 1))
+        else:
+            logits.append((0, 0))
+            tokens.append((0, 0))
+    return chunk_size, chunks, tuple(logits), tuple(tokens)
+
+
+def slime_all_gather_with_cp(tensor, total_length, response_length, cp_rank, cp_size, cp_group):
+    """slime's all_gather_with_cp: this rank's two pieces of a response-token tensor placed at
+    their positions in a zero tensor of the response's length, summed over the CP ranks (an
+    all-reduce of the whole response; slime's ``dist.nn.all_reduce``, here without autograd)."""
+    if cp_size == 1:
+        return tensor
+    _, _, logits, _ = slime_cp_offsets(total_length, response_length, cp_rank, cp_size)
+    prompt_length = total_length - response_length
+    first = logits[0][1] - logits[0][0]
+    chunk_0, chunk_1 = tensor[:first], tensor[first:]
+    assert chunk_1.shape[0] == logits[1][1] - logits[1][0]
+
+    def zero(n):
+        return torch.zeros([n] + list(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+
+    if chunk_0.shape[0] == 0 and chunk_1.shape[0] == 0:
+        full = zero(response_length)
+    elif chunk_1.shape[0] == 0:
+        full = torch.cat([zero(logits[0][0] - (prompt_length - 1)), chunk_0, zero(total_length - 1 - logits[0][1])])
+    elif chunk_0.shape[0] == 0:
+        full = torch.cat([zero(logits[1][0] - (prompt_length - 1)), chunk_1, zero(total_length - 1 - logits[1][1])])
+    else:
+        full = torch.cat([zero(logits[0][0] - (prompt_length - 1)), chunk_0, zero(logits[1][0] - logits[0][1]),
+                          chunk_1, zero(total_length - 1 - logits[1][1])])
+    assert full.shape[0] == response_length
+    torch.distributed.all_reduce(full, group=cp_group)
+    return full
+
+
+def slime_slice_log_prob_with_cp(log_prob, total_length, response_length, cp_rank, cp_size):
+    """slime's slice_log_prob_with_cp: this rank's two pieces of a whole response-token tensor."""
+    assert len(log_prob) == response_length
+    if cp_size == 1:
+        return log_prob
+    prompt_length = total_length - response_length
+    _, _, logits, _ = slime_cp_offsets(total_length, response_length, cp_rank, cp_size)
+    parts = [log_prob[lo - (prompt_length - 1):hi - (prompt_length - 1)] for lo, hi in logits]
+    return torch.cat(parts, dim=0)
+
+
+def slime_get_advantages_and_returns_batch(total_lengths, response_lengths, values_list, rewards_list, gamma,
+                                           lambd, cp_rank=0, cp_size=1, cp_group=None, chunked=True, scans=None):
+    """slime's get_advantages_and_returns_batch: with ``cp_size > 1`` each response's values and
+    rewards all-gathered from the ranks' pieces, GAE (``slime_chunked_gae``, or ``slime_vanilla_gae``
+    with ``chunked=False``) on the zero-padded ``[B, max response length]`` batch on every rank,
+    and this rank's pieces sliced back out; ``(advantages_list, returns_list)``. ``scans``: a
+    module whose ``chunked_gae``/``vanilla_gae`` it calls instead, looked up at the call (slime
+    reads them as globals of its ppo_utils)."""
+    with torch.no_grad():
+        B = len(response_lengths)
+        assert B == len(values_list) and B == len(rewards_list)
+        device, dtype = values_list[0].device, values_list[0].dtype
+        if cp_size > 1:
+            full_values = [slime_all_gather_with_cp(v, t, n, cp_rank, cp_size, cp_group)
+                           for t, n, v in zip(total_lengths, response_lengths, values_list)]
+            full_rewards = [slime_all_gather_with_cp(r, t, n, cp_rank, cp_size, cp_group)
+                            for t, n, r in zip(total_lengths, response_lengths, rewards_list)]
+        else:
+            full_values, full_rewards = values_list, rewards_list
+        max_len = max(response_lengths)
+        values = torch.zeros(B, max_len, device=device, dtype=dtype)
+        rewards = torch.zeros(B, max_len, device=device, dtype=dtype)
+        for i, n in enumerate(response_lengths):
+            values[i, :n] = full_values[i][:n]
+            rewards[i, :n] = full_rewards[i][:n]
+        if scans is None:
+            scan = slime_chunked_gae if chunked else slime_vanilla_gae
+        else:
+            scan = scans.chunked_gae if chunked else scans.vanilla_gae
+        advantages, returns = scan(rewards=rewards, values=values, gamma=gamma, lambd=lambd)
+        if cp_size > 1:
+            return ([slime_slice_log_prob_with_cp(a[:n], t, n, cp_rank, cp_size)
+                     for t, n, a in zip(total_lengths, response_lengths, advantages)],
+                    [slime_slice_log_prob_with_cp(g[:n], t, n, cp_rank, cp_size)
+                     for t, n, g in zip(total_lengths, response_lengths, returns)])
+        return ([advantages[i, :n] for i, n in enumerate(response_lengths)],
+                [returns[i, :n] for i, n in enumerate(response_lengths)])
+
+
+def slime_cp_loss_mask(loss_mask, total_length, response_length, cp_rank, cp_size):
+    """The whitening block of slime's compute_advantages_and_returns: this rank's pieces of a
+    response's loss mask (its token offsets moved into the response), the whole mask without
+    context parallelism."""
+    if cp_size == 1:
+        return loss_mask
+    prompt_length = total_length - response_length
+    _, _, _, tokens = slime_cp_offsets(total_length, response_length, cp_rank, cp_size)
+    parts = []
+    for lo, hi in tokens:
+        lo, hi = max(0, lo - prompt_length), max(0, hi - prompt_length)
+        if hi > lo:
+            parts.append(loss_mask[lo:hi])
+    return torch.cat(parts) if parts else torch.tensor([], device=loss_mask.device, dtype=loss_mask.dtype)
+
+
+def slime_whiten_advantages(advantages, loss_masks, total_lengths, response_lengths, cp_rank, cp_size, dp_cp_group,
+                            whiten=None):
+    """The whitening block of slime's compute_advantages_and_returns (``args.normalize_advantages``):
+    the rank's advantages of every response concatenated, whitened with the statistics of the
+    loss-masked tokens of every rank of ``dp_cp_group`` (``whiten``, default
+    ``slime_distributed_masked_whiten``; slime calls the name its loss module bound), split
+    back per response."""
+    whiten = slime_distributed_masked_whiten if whiten is None else whiten
+    flat = torch.cat(advantages)
+    masks = torch.cat([slime_cp_loss_mask(m, t, n, cp_rank, cp_size)
+                       for m, t, n in zip(loss_masks, total_lengths, response_lengths)])
+    assert flat.size() == masks.size()
+    whitened = whiten(flat, masks, process_group=dp_cp_group, shift_mean=True)
+    return list(torch.split(whitened, [a.size(0) for a in advantages]))
+
+
+def slime_distributed_masked_whiten(values, mask, process_group=None, shift_mean=True, epsilon=1e-8):
+    """slime's distributed_masked_whiten: the masked sum, sum of squares and count of this rank
+    all-reduced (in float32) over ``process_group``; the variance as mean of squares minus squared
+    mean, times n / (n - 1) where n >= 2; ``(values - mean) * rsqrt(var + epsilon)``."""
+    stats = torch.tensor([(values * mask).sum(), ((values ** 2) * mask).sum(), mask.sum()], device=values.device,
+                         dtype=torch.float32)
+    torch.distributed.all_reduce(stats, group=process_group)
+    total, total_sq, count = stats
+    if count.item() == 0:
+        raise ValueError("The global mask sum across all participating GPUs is zero.")
+    mean = total / count
+    var = total_sq / count - mean ** 2
+    if count.item() >= 2:
+        var = var * (count / (count - 1))
+    whitened = (values - mean) * torch.rsqrt(var + epsilon)
+    if not shift_mean:
+        whitened += mean
+    return whitened
+
+
 def areal_gae(rewards, values, loss_mask, seq_no_eos_mask, discount, gae_lambda):
     """AReaL's GAE loop, inline in ``PPOActor._compute_advantages`` (areal 1.0.4, the PyPI wheel,
     areal/trainer/ppo/actor.py, from "Compute GAE." to ``returns = advantages + values``), with the
