@@ -1,8 +1,7 @@
 """rl_triton: reinforcement-learning credit assignment at memory-bandwidth speed.
 
 Nine estimators and the generic affine scan behind them, each one fused scan on the best
-backend for the tensors' device (Triton on CUDA, numba on CPU, plain torch otherwise; n-step
-returns as torch ops for now).
+backend for the tensors' device (Triton on CUDA, numba on CPU, plain torch otherwise).
 """
 
 from .core.estimators import (
@@ -16,6 +15,7 @@ from .core.estimators import (
     td_lambda_return,
     vtrace,
 )
+from .core import vml as _vml
 from .core.groups import group_advantages
 from .core.scan import affine_scan
 from .core.sharded import Shards
@@ -38,3 +38,5 @@ __all__ = [
     "vtrace",
 ]
 __version__ = "0.1.0"
+
+_vml.warm()  # before the library computes anything: oneMKL's first-call race (rl_triton/core/vml.py)
