@@ -182,6 +182,52 @@ def _without_cp(response_lengths, values_list, rewards_list, gamma, lambd):
             [returns[i, :n] for i, n in enumerate(response_lengths)])
 
 
+def _cp_layout(total_lengths, response_lengths, group):
+    """The checked lengths and ``group``, and this rank's pieces of every response:
+    ``(total_lengths, response_lengths, world, rank, bounds, parts)``, ``bounds[i]`` the pieces'
+    bounds of response i (``_response_pieces``) and ``parts[i]`` the token counts of this rank's
+    two pieces of it (``bounds``, ``parts`` None with one rank)."""
+    import torch.distributed as dist
+
+    total_lengths = _lengths(total_lengths, "total_lengths")
+    response_lengths = _lengths(response_lengths, "response_lengths")
+    B = len(response_lengths)
+    if B == 0 or len(total_lengths) != B:
+        raise ValueError(f"total_lengths and response_lengths must give the same number of sequences (one at "
+                         f"least), got {len(total_lengths)} and {B}")
+    for t, n in zip(total_lengths, response_lengths):
+        if not 0 < n < t:
+            raise ValueError(f"response_lengths must lie in [1, total_length) (a prompt of one token at least), "
+                             f"got {n} for a total length of {t}")
+    if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
+    world = 1 if group is None else dist.get_world_size(group)
+    if world == 1:
+        return total_lengths, response_lengths, 1, 0, None, None
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("group: this process is not a member of the process group")
+    bounds = [_response_pieces(t, n, world) for t, n in zip(total_lengths, response_lengths)]
+    parts = [(b[rank + 1] - b[rank], b[2 * world - rank] - b[2 * world - 1 - rank]) for b in bounds]
+    return total_lengths, response_lengths, world, rank, bounds, parts
+
+
+def _runs(starts, counts, device) -> torch.Tensor:
+    """``cat([arange(s, s + n) for s, n in zip(starts, counts)])`` as one index tensor."""
+    starts, counts = torch.tensor(starts), torch.tensor(counts)
+    return (torch.repeat_interleave(starts - (counts.cumsum(0) - counts), counts)
+            + torch.arange(int(counts.sum()))).to(device)
+
+
+def _slots(bounds, parts, device):
+    """Where this rank's tokens go in its ``[B, 2 * slot]`` rows of equal slots, one slot per piece
+    and every slot as long as the longest piece of any rank: ``(slot, index)``, ``index`` the
+    flat position of each token of the rank's pieces concatenated (response by response, piece k
+    at the start of the row's first slot, piece 2W-1-k at the start of its second)."""
+    slot = max(1, max(b[m + 1] - b[m] for b in bounds for m in range(len(b) - 1)))
+    return slot, _runs([j * slot for j in range(2 * len(parts))], [n for pair in parts for n in pair], device)
+
+
 @documented(_BATCH_ARGS, group="the context-parallel ``torch.distributed`` ProcessGroup (Megatron's "
             "``mpu.get_context_parallel_group()``), or None: no context parallelism.")
 def context_parallel_gae(total_lengths, response_lengths, values_list, rewards_list, gamma, lambd, group=None):
@@ -202,31 +248,10 @@ def context_parallel_gae(total_lengths, response_lengths, values_list, rewards_l
     Every rank of ``group`` calls it with the same lengths. The outputs have ``values_list``'s
     dtype (slime casts the rewards to it). No autograd.
     """
-    import torch.distributed as dist
-
-    total_lengths = _lengths(total_lengths, "total_lengths")
-    response_lengths = _lengths(response_lengths, "response_lengths")
+    total_lengths, response_lengths, world, rank, bounds, parts = _cp_layout(total_lengths, response_lengths, group)
     B = len(response_lengths)
-    if B == 0 or len(total_lengths) != B:
-        raise ValueError(f"total_lengths and response_lengths must give the same number of sequences (one at "
-                         f"least), got {len(total_lengths)} and {B}")
-    for t, n in zip(total_lengths, response_lengths):
-        if not 0 < n < t:
-            raise ValueError(f"response_lengths must lie in [1, total_length) (a prompt of one token at least), "
-                             f"got {n} for a total length of {t}")
     _token_lists(values_list, rewards_list, B)
-    if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
-        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
-    world = 1 if group is None else dist.get_world_size(group)
-    if world == 1:
-        wanted = response_lengths
-    else:
-        rank = dist.get_rank(group)
-        if rank < 0:
-            raise ValueError("group: this process is not a member of the process group")
-        bounds = [_response_pieces(t, n, world) for t, n in zip(total_lengths, response_lengths)]
-        parts = [(b[rank + 1] - b[rank], b[2 * world - rank] - b[2 * world - 1 - rank]) for b in bounds]
-        wanted = [a + b for a, b in parts]
+    wanted = response_lengths if world == 1 else [a + b for a, b in parts]
     for i, n in enumerate(wanted):
         for name, xs in (("values_list", values_list), ("rewards_list", rewards_list)):
             if xs[i].shape[0] != n:
@@ -234,12 +259,7 @@ def context_parallel_gae(total_lengths, response_lengths, values_list, rewards_l
     with torch.no_grad():
         if world == 1:
             return _without_cp(response_lengths, values_list, rewards_list, gamma, lambd)
-        slot = max(1, max(b[m + 1] - b[m] for b in bounds for m in range(2 * world)))
-        # where each of this rank's tokens goes in its [B, 2 * slot] rows: piece k at the start of
-        # the row's first slot, piece 2W-1-k at the start of its second
-        counts = torch.tensor([n for pair in parts for n in pair])
-        starts = torch.arange(2 * B) * slot - (counts.cumsum(0) - counts)
-        index = (torch.repeat_interleave(starts, counts) + torch.arange(int(counts.sum()))).to(values_list[0].device)
+        slot, index = _slots(bounds, parts, values_list[0].device)
         values = torch.cat(list(values_list))
         rows_v = values.new_zeros(B * 2 * slot).index_copy_(0, index, values)
         rows_r = rows_v.new_zeros(B * 2 * slot).index_copy_(0, index, torch.cat(list(rewards_list)).to(values.dtype))
