@@ -50,15 +50,17 @@ from ._llm import tensor_arg
 from ._patching import PatchState, raising_as, requires_framework
 
 __all__ = ["FUNCTIONS", "WHITENING", "chunked_discounted_returns", "chunked_gae", "context_parallel_gae",
-           "distributed_masked_whiten", "get_advantages_and_returns_batch", "is_patched", "patch", "patched",
+           "context_parallel_reinforce_plus_plus_returns", "distributed_masked_whiten",
+           "get_advantages_and_returns_batch", "get_reinforce_plus_plus_returns", "is_patched", "patch", "patched",
            "unpatch", "vanilla_gae"]
 
 _PPO_UTILS = "slime.utils.ppo_utils"
 _DISTRIBUTED_UTILS = "slime.utils.distributed_utils"
-_LOSS = "slime.backends.megatron_utils.loss"  # binds get_advantages_and_returns_batch and the whitening at import
+_LOSS = "slime.backends.megatron_utils.loss"  # binds the batch functions and the whitening at import
 SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"  # THUDM/slime, the code these were checked against
 _INSTALL = "slime @ git+https://github.com/THUDM/slime"
-FUNCTIONS = ("chunked_gae", "vanilla_gae", "chunked_discounted_returns", "get_advantages_and_returns_batch")
+FUNCTIONS = ("chunked_gae", "vanilla_gae", "chunked_discounted_returns", "get_advantages_and_returns_batch",
+             "get_reinforce_plus_plus_returns")
 WHITENING = "distributed_masked_whiten"  # a switch while patched: the drop-in only for whitening=True
 _HOMES = {**{name: _PPO_UTILS for name in FUNCTIONS}, WHITENING: _DISTRIBUTED_UTILS}
 
@@ -159,8 +161,9 @@ def _lengths(x, name: str) -> list:
     return list(x)
 
 
-def _token_lists(values_list, rewards_list, B: int):
-    for name, xs in (("values_list", values_list), ("rewards_list", rewards_list)):
+def _token_lists(B: int, **lists) -> None:
+    """Each of ``lists`` (argument name -> value) a list of B 1-D tensors, else the error naming it."""
+    for name, xs in lists.items():
         if isinstance(xs, torch.Tensor) or not hasattr(xs, "__len__"):
             raise TypeError(f"{name} must be a list of 1-D tensors, got {type(xs).__name__}")
         if len(xs) != B:
@@ -212,6 +215,14 @@ def _cp_layout(total_lengths, response_lengths, group):
     return total_lengths, response_lengths, world, rank, bounds, parts
 
 
+def _token_counts(wanted, **lists) -> None:
+    """Each tensor of ``lists`` (argument name -> list) holding this rank's ``wanted[i]`` tokens."""
+    for i, n in enumerate(wanted):
+        for name, xs in lists.items():
+            if xs[i].shape[0] != n:
+                raise ValueError(f"{name}[{i}] must hold this rank's {n} tokens of the response, got {xs[i].shape[0]}")
+
+
 def _runs(starts, counts, device) -> torch.Tensor:
     """``cat([arange(s, s + n) for s, n in zip(starts, counts)])`` as one index tensor."""
     starts, counts = torch.tensor(starts), torch.tensor(counts)
@@ -250,12 +261,9 @@ def context_parallel_gae(total_lengths, response_lengths, values_list, rewards_l
     """
     total_lengths, response_lengths, world, rank, bounds, parts = _cp_layout(total_lengths, response_lengths, group)
     B = len(response_lengths)
-    _token_lists(values_list, rewards_list, B)
+    _token_lists(B, values_list=values_list, rewards_list=rewards_list)
     wanted = response_lengths if world == 1 else [a + b for a, b in parts]
-    for i, n in enumerate(wanted):
-        for name, xs in (("values_list", values_list), ("rewards_list", rewards_list)):
-            if xs[i].shape[0] != n:
-                raise ValueError(f"{name}[{i}] must hold this rank's {n} tokens of the response, got {xs[i].shape[0]}")
+    _token_counts(wanted, values_list=values_list, rewards_list=rewards_list)
     with torch.no_grad():
         if world == 1:
             return _without_cp(response_lengths, values_list, rewards_list, gamma, lambd)
@@ -293,6 +301,135 @@ def get_advantages_and_returns_batch(total_lengths, response_lengths, values_lis
         return context_parallel_gae(total_lengths, response_lengths, values_list, rewards_list, gamma, lambd)
     return context_parallel_gae(total_lengths, response_lengths, values_list, rewards_list, gamma, lambd,
                                 group=mpu.get_context_parallel_group())
+
+
+_RPP_ARGS = dict(
+    rewards="1-D float tensor of the sequences' scalar rewards, one per sequence.",
+    kl="one 1-D float tensor per sequence: the per-token KL estimate of this rank's response tokens (its two "
+       "pieces of the response, concatenated, under context parallelism; the whole response without).",
+    loss_masks="one 1-D tensor per sequence: the loss mask of the whole response (nonzero: the token is "
+               "trained on), the same on every CP rank, with one such token at least.",
+    response_lengths=_BATCH_ARGS["response_lengths"],
+    total_lengths=_BATCH_ARGS["total_lengths"],
+    kl_coef="the KL penalty's coefficient (a number).",
+    gamma="the discount: a number in [0, 1].",
+)
+
+
+def _number(x, name: str, unit: bool = False) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(x).__name__}")
+    if unit and not 0.0 <= x <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {x}")
+    return x
+
+
+def _last_tokens(loss_masks, response_lengths) -> list:
+    """The index of each response's last loss-masked token (one read on the host), ValueError
+    naming the mask that has none."""
+    lengths = torch.tensor(response_lengths)
+    flat = torch.cat([m.reshape(-1) for m in loss_masks]).cpu() != 0
+    seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    pos = torch.arange(flat.numel()) - (lengths.cumsum(0) - lengths)[seq]
+    last = torch.full((len(lengths),), -1).scatter_reduce_(0, seq, torch.where(flat, pos, -1), "amax").tolist()
+    for i, j in enumerate(last):
+        if j < 0:
+            raise ValueError(f"loss_masks[{i}] must mark one token of the response at least (it masks them all)")
+    return last
+
+
+@documented(_RPP_ARGS, group="the context-parallel ``torch.distributed`` ProcessGroup (Megatron's "
+            "``mpu.get_context_parallel_group()``), or None: no context parallelism.")
+def context_parallel_reinforce_plus_plus_returns(rewards, kl, loss_masks, response_lengths, total_lengths, kl_coef,
+                                                 gamma, group=None):
+    """REINFORCE++'s returns of every response split over the context-parallel ranks of
+    ``group`` as Megatron-LM (and slime) split it, as one sharded call: a list of this rank's
+    returns of each response, laid out as ``kl``.
+
+    Per response of n tokens with loss mask m and last masked token e, the token rewards are
+    r[t] = -kl_coef * kl[t] * m[t], plus the sequence's reward at t = e, and the return is
+    G[t] = r[t] + gamma * G[t+1], G[n] = 0: slime's ``get_reinforce_plus_plus_returns`` of the
+    whole response. The ranks' pieces are those of :func:`context_parallel_gae` and go into its
+    slots of one length; the padding is no step (reward 0, discount 1: a per-step ``gamma``
+    tensor, as ``discounted_return`` takes no mask), and one ``rl_triton.discounted_return(...,
+    gamma=g, group=rl_triton.Shards.zigzag(group))`` scans them, where slime all-gathers each
+    response's KL, scans it whole on every rank and slices its pieces back out. Every rank of
+    ``group`` calls it with the same lengths, rewards and masks. The outputs have ``kl``'s dtype.
+    No autograd.
+    """
+    total_lengths, response_lengths, world, rank, bounds, parts = _cp_layout(total_lengths, response_lengths, group)
+    B = len(response_lengths)
+    rewards = tensor_arg(rewards, "rewards")
+    if rewards.shape != (B,):
+        raise ValueError(f"rewards must be 1-D with one reward per sequence ({B}), got shape {tuple(rewards.shape)}")
+    _token_lists(B, kl=kl, loss_masks=loss_masks)
+    kl_coef, gamma = _number(kl_coef, "kl_coef"), _number(gamma, "gamma", unit=True)
+    wanted = response_lengths if world == 1 else [a + b for a, b in parts]
+    _token_counts(wanted, kl=kl)
+    for i, n in enumerate(response_lengths):
+        if loss_masks[i].shape[0] != n:
+            raise ValueError(f"loss_masks[{i}] must hold the whole response's {n} tokens, got {loss_masks[i].shape[0]}")
+    last = _last_tokens(loss_masks, response_lengths)
+    with torch.no_grad():
+        if world == 1:  # slime's own steps around the scan
+            token_rewards = []
+            for i, e in enumerate(last):
+                r = -kl_coef * (kl[i] * loss_masks[i])
+                r[e] += rewards[i]
+                token_rewards.append(r)
+            rows = token_rewards[0].new_zeros(B, max(response_lengths))
+            for i, r in enumerate(token_rewards):
+                rows[i, :r.size(0)] = r
+            returns = discounted_return(rows, gamma=gamma)
+            return [returns[i, :n] for i, n in enumerate(response_lengths)]
+        device = kl[0].device
+        offsets = [sum(response_lengths[:i]) for i in range(B)]
+        local = _runs([o + b[m] for o, b in zip(offsets, bounds) for m in (rank, 2 * world - 1 - rank)],
+                      [n for pair in parts for n in pair], device)
+        masks = torch.cat([m.to(device) for m in loss_masks]).index_select(0, local)
+        token_rewards = -kl_coef * (torch.cat(list(kl)) * masks)
+        # the sequence reward on the rank whose pieces hold the response's last masked token
+        seqs, at, start = [], [], 0
+        for i, (e, b, (n0, n1)) in enumerate(zip(last, bounds, parts)):
+            if b[rank] <= e < b[rank + 1]:
+                seqs.append(i), at.append(start + e - b[rank])
+            elif b[2 * world - 1 - rank] <= e < b[2 * world - rank]:
+                seqs.append(i), at.append(start + n0 + e - b[2 * world - 1 - rank])
+            start += n0 + n1
+        if seqs:
+            at = torch.tensor(at, device=device)
+            token_rewards[at] = token_rewards[at] + rewards.to(device)[torch.tensor(seqs, device=device)]
+        slot, index = _slots(bounds, parts, device)
+        rows = token_rewards.new_zeros(B * 2 * slot).index_copy_(0, index, token_rewards)
+        discounts = torch.ones_like(rows).index_fill_(0, index, gamma)
+        returns = discounted_return(rows.view(B, -1), gamma=discounts.view(B, -1), group=Shards.zigzag(group))
+        return list(returns.view(-1).index_select(0, index).split(wanted))
+
+
+@_raises_as_slime
+@documented(_RPP_ARGS)
+def get_reinforce_plus_plus_returns(rewards, kl, loss_masks, response_lengths, total_lengths, kl_coef, gamma):
+    """slime's ``get_reinforce_plus_plus_returns``: a list of this rank's REINFORCE++ returns of
+    each response (:func:`context_parallel_reinforce_plus_plus_returns` has the math).
+
+    Reads the context-parallel world from Megatron-LM's ``mpu``, as slime's does. With one rank
+    it is slime's own function while patched (whose scan is the ``chunked_discounted_returns``
+    drop-in), and the same steps otherwise. With several it is
+    :func:`context_parallel_reinforce_plus_plus_returns` on ``mpu.get_context_parallel_group()``:
+    one sharded scan of the ranks' pieces where slime all-gathers every response's KL, scans it
+    whole on every rank and slices its pieces back out. The results agree to rounding. No
+    sequences: an empty list, as slime's.
+    """
+    from megatron.core import mpu
+
+    if isinstance(rewards, torch.Tensor) and rewards.numel() == 0:
+        return []
+    args = dict(rewards=rewards, kl=kl, loss_masks=loss_masks, response_lengths=response_lengths,
+                total_lengths=total_lengths, kl_coef=kl_coef, gamma=gamma)
+    if mpu.get_context_parallel_world_size() == 1:
+        theirs = _saved.get("get_reinforce_plus_plus_returns")
+        return (context_parallel_reinforce_plus_plus_returns if theirs is None else theirs)(**args)
+    return context_parallel_reinforce_plus_plus_returns(**args, group=mpu.get_context_parallel_group())
 
 
 @_raises_as_slime
@@ -352,7 +489,7 @@ def _apply() -> None:
         if module and name in vars(module):
             _saved[name] = getattr(module, name)
             setattr(module, name, fn)
-    # slime's loss module binds two of them by name when it is imported; once imported, it keeps
+    # slime's loss module binds three of them by name when it is imported; once imported, it keeps
     # slime's objects unless they are set there too (imported later, it binds the patched ones)
     loss = sys.modules.get(_LOSS)
     for name, fn in _saved.items():
