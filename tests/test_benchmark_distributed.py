@@ -87,3 +87,24 @@ def test_the_slime_layout_runs_on_gloo_ranks():
         assert float(cells[-2]) <= bench.TOLERANCE["float32"] and float(cells[-1]) <= bench.TOLERANCE["float32"], line
         assert int(cells[-4]) == 2 * (B * 7 * 4 + 4), line
         assert int(cells[-3]) == 2 * B * T * 4, line
+
+
+def test_the_slime_layout_times_reinforce_plus_plus_returns():
+    """``--layout slime --estimator reinforce++``: the sharded REINFORCE++ returns against slime's
+    all-gather path (transcribed), within tolerance of it and of the oracle; the bytes are the
+    zig-zag exchange of a discounted return (3 numbers a row and a flag, per piece) against
+    slime's all-reduce of every response's KL."""
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "distributed.py"), "--world", "2",
+                             "--shapes", "4x64,2x301", "--prompt", "7", "--rounds", "1", "--batch-s", "0.001",
+                             "--max-calls", "1", "--layout", "slime", "--estimator", "reinforce++"],
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "slime's context-parallel REINFORCE++ returns over 2 rank(s)" in result.stdout, result.stdout
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("| 4x64 |", "| 2x301 |"))]
+    assert len(lines) == 2, result.stdout
+    for line, (B, T) in zip(lines, ((4, 64), (2, 301))):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert float(cells[-2]) <= bench.TOLERANCE["float32"] and float(cells[-1]) <= bench.TOLERANCE["float32"], line
+        assert int(cells[-4]) == 2 * (B * 3 * 4 + 4), line
+        assert int(cells[-3]) == B * T * 4, line
