@@ -324,14 +324,15 @@ def _number(x, name: str, unit: bool = False) -> float:
     return x
 
 
-def _last_tokens(loss_masks, response_lengths) -> list:
+def _last_tokens(loss_masks) -> list:
     """The index of each response's last loss-masked token (one read on the host), ValueError
     naming the mask that has none."""
-    lengths = torch.tensor(response_lengths)
-    flat = torch.cat([m.reshape(-1) for m in loss_masks]).cpu() != 0
-    seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-    pos = torch.arange(flat.numel()) - (lengths.cumsum(0) - lengths)[seq]
-    last = torch.full((len(lengths),), -1).scatter_reduce_(0, seq, torch.where(flat, pos, -1), "amax").tolist()
+    last = []
+    for m in loss_masks:
+        flipped = (m != 0).flip(0).to(torch.uint8)
+        k = flipped.argmax()  # the first marked token from the end, or 0 where none is
+        last.append(torch.where(flipped[k] != 0, m.shape[0] - 1 - k, -1))
+    last = torch.stack(last).tolist()
     for i, j in enumerate(last):
         if j < 0:
             raise ValueError(f"loss_masks[{i}] must mark one token of the response at least (it masks them all)")
@@ -369,7 +370,7 @@ def context_parallel_reinforce_plus_plus_returns(rewards, kl, loss_masks, respon
     for i, n in enumerate(response_lengths):
         if loss_masks[i].shape[0] != n:
             raise ValueError(f"loss_masks[{i}] must hold the whole response's {n} tokens, got {loss_masks[i].shape[0]}")
-    last = _last_tokens(loss_masks, response_lengths)
+    last = _last_tokens(loss_masks)
     with torch.no_grad():
         if world == 1:  # slime's own steps around the scan
             token_rewards = []
