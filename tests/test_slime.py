@@ -357,6 +357,10 @@ def _cp_worker(rank, world, group):
                     rewards=seq_r, kl=local_kl, loss_masks=masks, response_lengths=lengths, total_lengths=totals,
                     kl_coef=KL_COEF, gamma=GAMMA)
             assert all(torch.equal(a, b) for a, b in zip(patched, ours))
+            # gamma 1 (slime's default) takes a number for the discount, the padding included
+            one = rpp_args[:-1] + (1.0,)
+            cp_close(rt_slime.context_parallel_reinforce_plus_plus_returns(*one, group=cp_group),
+                     frameworks.slime_get_reinforce_plus_plus_returns(*one, cp_rank, cp_size, cp_group), dtype)
 
         # the patch: slime's compute path reaches the drop-ins through its loss module's names
         totals, lengths, rewards, values, masks = cp_sequences(dp_rank, F64)

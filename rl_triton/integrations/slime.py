@@ -224,10 +224,8 @@ def _token_counts(wanted, **lists) -> None:
 
 
 def _runs(starts, counts, device) -> torch.Tensor:
-    """``cat([arange(s, s + n) for s, n in zip(starts, counts)])`` as one index tensor."""
-    starts, counts = torch.tensor(starts), torch.tensor(counts)
-    return (torch.repeat_interleave(starts - (counts.cumsum(0) - counts), counts)
-            + torch.arange(int(counts.sum()))).to(device)
+    """``cat([arange(s, s + n) for s, n in zip(starts, counts)])``: one index tensor."""
+    return torch.cat([torch.arange(s, s + n, device=device) for s, n in zip(starts, counts)])
 
 
 def _slots(bounds, parts, device):
@@ -384,10 +382,8 @@ def context_parallel_reinforce_plus_plus_returns(rewards, kl, loss_masks, respon
             returns = discounted_return(rows, gamma=gamma)
             return [returns[i, :n] for i, n in enumerate(response_lengths)]
         device = kl[0].device
-        offsets = [sum(response_lengths[:i]) for i in range(B)]
-        local = _runs([o + b[m] for o, b in zip(offsets, bounds) for m in (rank, 2 * world - 1 - rank)],
-                      [n for pair in parts for n in pair], device)
-        masks = torch.cat([m.to(device) for m in loss_masks]).index_select(0, local)
+        masks = torch.cat([m[b[k]:b[k + 1]] for m, b in zip(loss_masks, bounds)
+                           for k in (rank, 2 * world - 1 - rank)]).to(device)
         token_rewards = -kl_coef * (torch.cat(list(kl)) * masks)
         # the sequence reward on the rank whose pieces hold the response's last masked token
         seqs, at, start = [], [], 0
@@ -402,8 +398,9 @@ def context_parallel_reinforce_plus_plus_returns(rewards, kl, loss_masks, respon
             token_rewards[at] = token_rewards[at] + rewards.to(device)[torch.tensor(seqs, device=device)]
         slot, index = _slots(bounds, parts, device)
         rows = token_rewards.new_zeros(B * 2 * slot).index_copy_(0, index, token_rewards)
-        discounts = torch.ones_like(rows).index_fill_(0, index, gamma)
-        returns = discounted_return(rows.view(B, -1), gamma=discounts.view(B, -1), group=Shards.zigzag(group))
+        # gamma 1 passes the return through the padding as it is: a number will do
+        discounts = gamma if gamma == 1 else torch.ones_like(rows).index_fill_(0, index, gamma).view(B, -1)
+        returns = discounted_return(rows.view(B, -1), gamma=discounts, group=Shards.zigzag(group))
         return list(returns.view(-1).index_select(0, index).split(wanted))
 
 
