@@ -233,7 +233,7 @@ def slime_sequences(B, T, prompt, dtype, seed=0):
     return [prompt + T] * B, [T] * B, rewards, values
 
 
-def _slime_ways(dist, group, world, B, T, prompt, dtype, device, estimator="gae"):
+def _slime_ways(dist, group, world, B, T, prompt, dtype, device, estimator="gae", gamma=1.0):
     """The ways of ``--layout slime`` on this rank's pieces, each giving a tuple of lists of
     per-response outputs, and the float64 oracle's first output of them."""
     import numpy as np
@@ -248,7 +248,7 @@ def _slime_ways(dist, group, world, B, T, prompt, dtype, device, estimator="gae"
         return frameworks.slime_slice_log_prob_with_cp(x, t, n, rank, world).to(device)
 
     local_r, local_v = ([mine(x, t, n) for x, t, n in zip(xs, totals, lengths)] for xs in (rewards, values))
-    gamma, lambd = 1.0, 0.95
+    lambd = 0.95
     if estimator == "reinforce++":
         return _slime_rpp_ways(rank, world, group, totals, lengths, rewards, local_r, gamma, dtype, device, mine)
 
@@ -309,7 +309,7 @@ def slime_worker(rank, world, group, dist, counter, args, device):
     rows = []
     for shape in args.shapes.split(","):
         B, T = (int(n) for n in shape.split("x"))
-        ways, want = _slime_ways(dist, group, world, B, T, args.prompt, dtype, device, args.estimator)
+        ways, want = _slime_ways(dist, group, world, B, T, args.prompt, dtype, device, args.estimator, args.gamma)
         sent = {}
         results = {}
         for way, fn in ways.items():
@@ -345,8 +345,8 @@ def _slime_report(rows, world, args, device):
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else machine()
     what = "REINFORCE++ returns" if args.estimator == "reinforce++" else "GAE"
     print(f"\nslime's context-parallel {what} over {world} rank(s) ({'NCCL' if device.type == 'cuda' else 'gloo'}, "
-          f"{where}), responses after prompts of {args.prompt} tokens, {args.dtype}, median ms per call of the "
-          f"slowest rank (lowest-highest of {args.rounds} rounds)\n")
+          f"{where}), responses after prompts of {args.prompt} tokens, gamma {args.gamma}, {args.dtype}, median ms "
+          f"per call of the slowest rank (lowest-highest of {args.rounds} rounds)\n")
     print("| B x T | sharded | slime | slime + drop-in | slime / sharded | bytes per rank: sharded | slime | "
           "max relative diff from slime | vs oracle |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -467,6 +467,7 @@ def main():
     p.add_argument("--estimator", choices=("gae", "reinforce++"), default="gae",
                    help="--layout slime: GAE (get_advantages_and_returns_batch) or REINFORCE++'s returns "
                         "(get_reinforce_plus_plus_returns)")
+    p.add_argument("--gamma", type=float, default=1.0, help="--layout slime: the discount (slime's default 1)")
     p.add_argument("--prompt", type=int, default=512, help="--layout slime: the prompt length before each response")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="float dtype")
     p.add_argument("--rounds", type=int, default=5, help="rounds of the side-by-side timing")
