@@ -1,6 +1,6 @@
 """slime: drop-ins for the GAE and discounted-return scans of ``slime.utils.ppo_utils``, its
-batch GAE under context parallelism and its advantage whitening (written against THUDM/slime at
-commit ``624b824a``), each one rl_triton call.
+batch GAE and REINFORCE++ returns under context parallelism and its advantage whitening (written
+against THUDM/slime at commit ``624b824a``), each one rl_triton call.
 
     import rl_triton.integrations.slime as rt_slime
     rt_slime.patch()          # in every process that computes advantages (slime's Megatron actors)
@@ -12,26 +12,32 @@ or without patching, with slime's signatures (slime itself need not be installed
     advantages, returns = rt_slime.chunked_gae(rewards, values, gamma=1.0, lambd=0.95)
     advantages, returns = rt_slime.context_parallel_gae(total_lengths, response_lengths, values_list,
                                                         rewards_list, 1.0, 0.95, group=cp_group)
+    returns = rt_slime.context_parallel_reinforce_plus_plus_returns(rewards, kl, loss_masks, response_lengths,
+                                                                     total_lengths, 0.05, 1.0, group=cp_group)
 
 ``patch()`` sets the attributes of ``slime.utils.ppo_utils`` named in ``FUNCTIONS``:
 ``chunked_gae`` and ``vanilla_gae`` (which ``get_advantages_and_returns_batch`` calls for PPO's
 GAE), ``chunked_discounted_returns`` (which ``get_reinforce_plus_plus_returns`` calls), and
-``get_advantages_and_returns_batch`` itself, also where slime's Megatron loss module bound it by
-name. slime reads them as module globals at each call, so the callers reach rl_triton unchanged.
-Without context parallelism the batch function stays slime's own around the ``chunked_gae``
-drop-in; with it, it is :func:`context_parallel_gae`: the ranks' zig-zag pieces of every response
-scanned in place by one sharded call (``rl_triton.Shards.zigzag``), where slime all-gathers each
-response, scans it whole on every rank and slices its pieces back out. ``patch(whitening=True)``
-also runs slime's ``distributed_masked_whiten`` (the advantages' whitening over the data- and
-context-parallel ranks) as ``rl_triton.masked_whiten(..., group=...)``.
+``get_advantages_and_returns_batch`` and ``get_reinforce_plus_plus_returns`` themselves, also
+where slime's Megatron loss module bound them by name. slime reads them as module globals at
+each call, so the callers reach rl_triton unchanged. Without context parallelism the two batch
+functions stay slime's own around the scan drop-ins; with it, they are
+:func:`context_parallel_gae` and :func:`context_parallel_reinforce_plus_plus_returns`: the ranks'
+zig-zag pieces of every response scanned in place by one sharded call
+(``rl_triton.Shards.zigzag``), where slime all-gathers each response, scans it whole on every
+rank and slices its pieces back out. ``patch(whitening=True)`` also runs slime's
+``distributed_masked_whiten`` (the advantages' whitening over the data- and context-parallel
+ranks) as ``rl_triton.masked_whiten(..., group=...)``.
 
 Conventions mapped here (docs/slime.md): ``[B, T]`` rows of response tokens padded on the right
 with zeros; GAE over the whole row with V = A = 0 past its end (no mask: slime zero-pads rewards
 and values), ``returns = advantages + values``; the discounted return restarts from 0 past the
-end. slime's ``chunk_size`` (the block length of its chunked-matmul scan) changes only its
-rounding and is not read here. Under context parallelism a sequence of ``total_length`` tokens is
-cut into 2W pieces of ``ceil(total_length / 2W)`` positions, rank k holding pieces k and 2W-1-k,
-and a response token belongs to the piece of the logits that score it (one position earlier).
+end; REINFORCE++'s token rewards are ``-kl_coef * kl * loss_mask`` with the sequence's reward at
+the response's last loss-masked token. slime's ``chunk_size`` (the block length of its
+chunked-matmul scan) changes only its rounding and is not read here. Under context parallelism
+a sequence of ``total_length`` tokens is cut into 2W pieces of ``ceil(total_length / 2W)``
+positions, rank k holding pieces k and 2W-1-k, and a response token belongs to the piece of the
+logits that score it (one position earlier).
 Where a function here raises while slime's module of that name is imported, it raises what
 slime's own function raises on the same arguments.
 """
@@ -513,11 +519,11 @@ def _settings(whitening) -> dict:
 
 
 def patch(whitening: bool = False) -> None:
-    """Route slime's ``FUNCTIONS`` (the GAE and discounted-return scans of ``slime.utils.ppo_utils``
-    and ``get_advantages_and_returns_batch``, whose context-parallel path becomes one sharded
-    scan) through rl_triton until ``unpatch()``; with ``whitening=True`` also slime's
-    ``distributed_masked_whiten`` (the advantage whitening over the data- and context-parallel
-    ranks), which otherwise stays slime's. Imports slime; ``ImportError`` where it cannot.
+    """Route slime's ``FUNCTIONS`` (the GAE and discounted-return scans of ``slime.utils.ppo_utils``,
+    ``get_advantages_and_returns_batch`` and ``get_reinforce_plus_plus_returns``, whose
+    context-parallel paths become one sharded scan each) through rl_triton until ``unpatch()``;
+    with ``whitening=True`` also slime's ``distributed_masked_whiten`` (the advantage whitening
+    over the data- and context-parallel ranks), which otherwise stays slime's. Imports slime; ``ImportError`` where it cannot.
     Idempotent (a later call's ``whitening`` holds from then on). Thread-safe. Call it in each
     process that computes advantages (slime's Megatron training actors); the patch is shared with
     ``patched()`` blocks, in any thread.
