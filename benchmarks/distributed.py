@@ -37,6 +37,13 @@ are:
 - ``slime + drop-in``: the same with rl_triton's ``chunked_gae`` drop-in as its scan (the
   context-parallel path before the sharded call).
 
+``--estimator reinforce++`` times REINFORCE++'s returns the same way: ``sharded`` is
+``context_parallel_reinforce_plus_plus_returns`` (the drop-in ``get_reinforce_plus_plus_returns``
+once patched), ``slime`` its transcribed ``get_reinforce_plus_plus_returns`` (each response's KL
+all-reduced, the token rewards and the chunked-matmul discounted return of the whole batch on
+every rank, the pieces sliced back out), ``slime + drop-in`` that with the
+``chunked_discounted_returns`` drop-in.
+
 Bytes are those each rank hands to the collectives per call (all-gathers and all-reduces). With no launcher, the script
 spawns ``--world`` processes itself (gloo on the CPU, or NCCL with one GPU each); under
 ``torchrun`` it takes the launcher's world.
@@ -44,6 +51,7 @@ spawns ``--world`` processes itself (gloo on the CPU, or NCCL with one GPU each)
     python benchmarks/distributed.py --world 4                          # gloo, CPU, 4 ranks
     python benchmarks/distributed.py --world 4 --layout zigzag --shapes 8x131072   # zig-zag shards
     python benchmarks/distributed.py --world 2 --layout slime --shapes 8x131072      # slime's CP path
+    python benchmarks/distributed.py --world 2 --layout slime --estimator reinforce++ --shapes 8x131072
     python benchmarks/distributed.py --world 1 --device cuda            # NCCL, one GPU
     torchrun --nproc_per_node 2 benchmarks/distributed.py --device cuda # NCCL, two GPUs
 """
@@ -225,9 +233,9 @@ def slime_sequences(B, T, prompt, dtype, seed=0):
     return [prompt + T] * B, [T] * B, rewards, values
 
 
-def _slime_ways(dist, group, world, B, T, prompt, dtype, device):
-    """The ways of ``--layout slime`` on this rank's pieces, and the float64 oracle's advantages
-    of them."""
+def _slime_ways(dist, group, world, B, T, prompt, dtype, device, estimator="gae", gamma=1.0):
+    """The ways of ``--layout slime`` on this rank's pieces, each giving a tuple of lists of
+    per-response outputs, and the float64 oracle's first output of them."""
     import numpy as np
 
     import rl_triton.integrations.slime as rt_slime
@@ -240,7 +248,9 @@ def _slime_ways(dist, group, world, B, T, prompt, dtype, device):
         return frameworks.slime_slice_log_prob_with_cp(x, t, n, rank, world).to(device)
 
     local_r, local_v = ([mine(x, t, n) for x, t, n in zip(xs, totals, lengths)] for xs in (rewards, values))
-    gamma, lambd = 1.0, 0.95
+    lambd = 0.95
+    if estimator == "reinforce++":
+        return _slime_rpp_ways(rank, world, group, totals, lengths, rewards, local_r, gamma, dtype, device, mine)
 
     def want():
         r, v = (torch.stack(xs).double().numpy() for xs in (rewards, values))
@@ -258,13 +268,48 @@ def _slime_ways(dist, group, world, B, T, prompt, dtype, device):
     return {"sharded": sharded, "slime": slime, "slime + drop-in": lambda: slime(rt_slime)}, want
 
 
+def _slime_rpp_ways(rank, world, group, totals, lengths, kl, local_kl, gamma, dtype, device, mine):
+    """``--estimator reinforce++``: the ways on this rank's pieces of the per-token KL ``kl``
+    (loss masks off on about a tenth of the tokens, one reward per response), and the float64
+    oracle's returns."""
+    import numpy as np
+
+    import rl_triton.integrations.slime as rt_slime
+    from rl_triton.testing import frameworks, oracle
+
+    g = torch.Generator().manual_seed(1)
+    masks = [(torch.rand(n, generator=g) > 0.1).int().to(device) for n in lengths]
+    seq_rewards = torch.randn(len(lengths), generator=g).to(dtype).to(device)
+    kl_coef = 0.05
+    args = (seq_rewards, local_kl, masks, lengths, totals, kl_coef, gamma)
+
+    def want():
+        out = []
+        for reward, x, m, t, n in zip(seq_rewards.tolist(), kl, masks, totals, lengths):
+            keep = m.cpu().numpy() != 0
+            r = -kl_coef * x.double().numpy() * keep
+            r[np.nonzero(keep)[0][-1]] += reward
+            zeros = np.zeros_like(r[None])
+            out.append(mine(torch.from_numpy(np.asarray(oracle.discounted_return(r[None], zeros, zeros,
+                                                                                 gamma + zeros))[0]), t, n))
+        return out
+
+    def sharded():
+        return (rt_slime.context_parallel_reinforce_plus_plus_returns(*args, group=group),)
+
+    def slime(scans=None):
+        return (frameworks.slime_get_reinforce_plus_plus_returns(*args, rank, world, group, scans=scans),)
+
+    return {"sharded": sharded, "slime": slime, "slime + drop-in": lambda: slime(rt_slime)}, want
+
+
 def slime_worker(rank, world, group, dist, counter, args, device):
     """``--layout slime``: per shape, the ways' bytes and results checked, then timed in rounds."""
     dtype = getattr(torch, args.dtype)
     rows = []
     for shape in args.shapes.split(","):
         B, T = (int(n) for n in shape.split("x"))
-        ways, want = _slime_ways(dist, group, world, B, T, args.prompt, dtype, device)
+        ways, want = _slime_ways(dist, group, world, B, T, args.prompt, dtype, device, args.estimator, args.gamma)
         sent = {}
         results = {}
         for way, fn in ways.items():
@@ -276,13 +321,14 @@ def slime_worker(rank, world, group, dist, counter, args, device):
             got, expected = torch.cat(got), torch.cat(expected)
             return relative_error([got], [expected]) if got.numel() else 0.0
 
-        err = torch.tensor([diff(results["sharded"][k], results["slime"][k]) for k in (0, 1)], dtype=torch.float64)
+        err = torch.tensor([max(diff(a, b) for a, b in zip(results["sharded"], results["slime"]))],
+                           dtype=torch.float64)
         oracle = None
         if B * T <= ORACLE_STEPS:
             err = torch.cat([err, torch.tensor([diff(results["sharded"][0], want())], dtype=torch.float64)])
         dist.all_reduce(err, op=dist.ReduceOp.MAX, group=group)
         if B * T <= ORACLE_STEPS:
-            oracle = float(err[2])
+            oracle = float(err[1])
         calls = max(1, min(args.max_calls, int(args.batch_s / max(_time(ways["slime"], 1, dist, group, device),
                                                                    1e-6))))
         names = tuple(ways)
@@ -290,16 +336,17 @@ def slime_worker(rank, world, group, dist, counter, args, device):
         for k in range(args.rounds):
             for way in names[k % len(names):] + names[:k % len(names)]:
                 times[way].append(_time(ways[way], calls, dist, group, device))
-        rows.append((shape, times, sent, float(err[:2].max()), oracle))
+        rows.append((shape, times, sent, float(err[0]), oracle))
     if rank == 0:
         _slime_report(rows, world, args, device)
 
 
 def _slime_report(rows, world, args, device):
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else machine()
-    print(f"\nslime's context-parallel GAE over {world} rank(s) ({'NCCL' if device.type == 'cuda' else 'gloo'}, "
-          f"{where}), responses after prompts of {args.prompt} tokens, {args.dtype}, median ms per call of the "
-          f"slowest rank (lowest-highest of {args.rounds} rounds)\n")
+    what = "REINFORCE++ returns" if args.estimator == "reinforce++" else "GAE"
+    print(f"\nslime's context-parallel {what} over {world} rank(s) ({'NCCL' if device.type == 'cuda' else 'gloo'}, "
+          f"{where}), responses after prompts of {args.prompt} tokens, gamma {args.gamma}, {args.dtype}, median ms "
+          f"per call of the slowest rank (lowest-highest of {args.rounds} rounds)\n")
     print("| B x T | sharded | slime | slime + drop-in | slime / sharded | bytes per rank: sharded | slime | "
           "max relative diff from slime | vs oracle |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -417,6 +464,10 @@ def main():
     p.add_argument("--layout", choices=("contiguous", "zigzag", "slime"), default="contiguous",
                    help="one chunk per rank in rank order, Megatron's pieces k and 2W-1-k, or slime's "
                         "context-parallel GAE (rows: responses)")
+    p.add_argument("--estimator", choices=("gae", "reinforce++"), default="gae",
+                   help="--layout slime: GAE (get_advantages_and_returns_batch) or REINFORCE++'s returns "
+                        "(get_reinforce_plus_plus_returns)")
+    p.add_argument("--gamma", type=float, default=1.0, help="--layout slime: the discount (slime's default 1)")
     p.add_argument("--prompt", type=int, default=512, help="--layout slime: the prompt length before each response")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="float dtype")
     p.add_argument("--rounds", type=int, default=5, help="rounds of the side-by-side timing")

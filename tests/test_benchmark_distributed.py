@@ -68,22 +68,41 @@ def test_a_sharded_result_off_the_baseline_fails_the_run():
     assert bench.failures(rows, "float64") == ["4x64", "2x256", "8x64", "8x128"]
 
 
-def test_the_slime_layout_runs_on_gloo_ranks():
-    """``--layout slime``: the drop-in's sharded call against slime's all-gather path (transcribed)
-    on slime's pieces of each response; the table's bytes are the drop-in's maps (7 numbers a row
-    and a flag, per piece) against slime's all-reduce of every response's values and rewards."""
+def slime_table(title, *extra):
+    """``--layout slime`` on 2 gloo ranks at 4x64 and 2x301 (prompts of 7 tokens), its table
+    titled ``title`` checked: per shape, ``(B, T, cells)`` of a row within tolerance of slime's
+    result and of the oracle."""
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "distributed.py"), "--world", "2",
                              "--shapes", "4x64,2x301", "--prompt", "7", "--rounds", "2", "--batch-s", "0.001",
-                             "--max-calls", "2", "--layout", "slime"],
+                             "--max-calls", "2", "--layout", "slime", *extra],
                             capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "slime's context-parallel GAE over 2 rank(s)" in result.stdout, result.stdout
+    assert f"slime's context-parallel {title} over 2 rank(s)" in result.stdout, result.stdout
     lines = [line for line in result.stdout.splitlines() if line.startswith(("| 4x64 |", "| 2x301 |"))]
     assert len(lines) == 2, result.stdout
+    rows = []
     for line, (B, T) in zip(lines, ((4, 64), (2, 301))):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert len(cells) == 9, line
         assert float(cells[-2]) <= bench.TOLERANCE["float32"] and float(cells[-1]) <= bench.TOLERANCE["float32"], line
-        assert int(cells[-4]) == 2 * (B * 7 * 4 + 4), line
-        assert int(cells[-3]) == 2 * B * T * 4, line
+        rows.append((B, T, cells))
+    return rows
+
+
+def test_the_slime_layout_runs_on_gloo_ranks():
+    """``--layout slime``: the drop-in's sharded call against slime's all-gather path (transcribed)
+    on slime's pieces of each response; the table's bytes are the drop-in's maps (7 numbers a row
+    and a flag, per piece) against slime's all-reduce of every response's values and rewards."""
+    for B, T, cells in slime_table("GAE"):
+        assert int(cells[-4]) == 2 * (B * 7 * 4 + 4), cells
+        assert int(cells[-3]) == 2 * B * T * 4, cells
+
+
+def test_the_slime_layout_times_reinforce_plus_plus_returns():
+    """``--layout slime --estimator reinforce++``: the sharded REINFORCE++ returns against slime's
+    all-gather path (transcribed); the bytes are the zig-zag exchange of a discounted return (3
+    numbers a row and a flag, per piece) against slime's all-reduce of every response's KL."""
+    for B, T, cells in slime_table("REINFORCE++ returns", "--estimator", "reinforce++"):
+        assert int(cells[-4]) == 2 * (B * 3 * 4 + 4), cells
+        assert int(cells[-3]) == B * T * 4, cells

@@ -122,11 +122,20 @@ def stand_in_modules(cp_size=1, cp_rank=0, cp_group=None, dp_cp_group=None) -> d
             mpu.get_context_parallel_rank(), mpu.get_context_parallel_world_size(), mpu.get_context_parallel_group(),
             chunked=chunked, scans=sys.modules[MODULE])
 
+    def get_reinforce_plus_plus_returns(rewards, kl, loss_masks, response_lengths, total_lengths, kl_coef, gamma):
+        mpu = sys.modules["megatron.core"].mpu
+        return frameworks.slime_get_reinforce_plus_plus_returns(
+            rewards, kl, loss_masks, response_lengths, total_lengths, kl_coef, gamma,
+            mpu.get_context_parallel_rank(), mpu.get_context_parallel_world_size(), mpu.get_context_parallel_group(),
+            scans=sys.modules[MODULE])
+
     ppo_utils.get_advantages_and_returns_batch = get_advantages_and_returns_batch
+    ppo_utils.get_reinforce_plus_plus_returns = get_reinforce_plus_plus_returns
     distributed_utils = types.ModuleType("slime.utils.distributed_utils")
     distributed_utils.distributed_masked_whiten = frameworks.slime_distributed_masked_whiten
     loss = types.ModuleType(LOSS)
     loss.get_advantages_and_returns_batch = ppo_utils.get_advantages_and_returns_batch
+    loss.get_reinforce_plus_plus_returns = ppo_utils.get_reinforce_plus_plus_returns
     loss.distributed_masked_whiten = distributed_utils.distributed_masked_whiten
     mpu = types.SimpleNamespace(get_context_parallel_world_size=lambda: cp_size,
                                 get_context_parallel_rank=lambda: cp_rank,
@@ -251,6 +260,28 @@ def oracle_gae(rewards, values):
     return torch.from_numpy(np.asarray(adv)[0]), torch.from_numpy(np.asarray(ret)[0])
 
 
+KL_COEF = 0.05
+
+
+def rpp_inputs(dp_rank, dtype):
+    """REINFORCE++'s inputs of data-parallel rank ``dp_rank``'s sequences: ``(totals, lengths,
+    scalar rewards, whole per-token KL, loss masks)`` (the masks often end before the response)."""
+    totals, lengths, kl, _, masks = cp_sequences(dp_rank, dtype)
+    g = torch.Generator().manual_seed(200 + dp_rank)
+    return totals, lengths, torch.randn(len(lengths), generator=g, dtype=F64).to(dtype), kl, masks
+
+
+def oracle_rpp_returns(reward, kl, mask):
+    """The float64 oracle's REINFORCE++ returns of one whole response: token rewards
+    -KL_COEF * kl * mask plus the reward at the last masked token, discounted by GAMMA."""
+    m = mask.numpy() != 0
+    r = -KL_COEF * kl.to(F64).numpy() * m
+    r[np.nonzero(m)[0][-1]] += float(reward)
+    r = r[None]
+    zeros = np.zeros_like(r)
+    return torch.from_numpy(np.asarray(oracle.discounted_return(r, zeros, zeros, GAMMA + zeros))[0])
+
+
 def cp_close(got, expected, dtype):
     if dtype == F64:
         tol = 1e-12
@@ -309,6 +340,28 @@ def _cp_worker(rank, world, group):
             want = [want[start + sum(lengths[:i]):start + sum(lengths[:i + 1])] for i in range(len(lengths))]
             cp_close([whitened], [torch.cat([mine(w, t, n) for w, t, n in zip(want, totals, lengths)])], dtype)
 
+            # REINFORCE++'s returns: slime's all-gather path, the drop-in (mpu and direct), the oracle
+            totals, lengths, seq_r, kl, masks = rpp_inputs(dp_rank, dtype)
+            local_kl = [mine(x, t, n) for x, t, n in zip(kl, totals, lengths)]
+            rpp_args = (seq_r, local_kl, masks, lengths, totals, KL_COEF, GAMMA)
+            theirs = frameworks.slime_get_reinforce_plus_plus_returns(*rpp_args, cp_rank, cp_size, cp_group)
+            ours = rt_slime.get_reinforce_plus_plus_returns(*rpp_args)
+            direct = rt_slime.context_parallel_reinforce_plus_plus_returns(*rpp_args, group=cp_group)
+            assert len(ours) == len(totals) and all(torch.equal(a, b) for a, b in zip(ours, direct))
+            assert all(a.dtype == dtype and a.shape == b.shape for a, b in zip(ours, theirs))
+            cp_close(ours, theirs, dtype)
+            cp_close(ours, [mine(oracle_rpp_returns(*x), t, n) for x, t, n in zip(zip(seq_r, kl, masks), totals,
+                                                                                    lengths)], dtype)
+            with rt_slime.patched():
+                patched = sys.modules[LOSS].get_reinforce_plus_plus_returns(
+                    rewards=seq_r, kl=local_kl, loss_masks=masks, response_lengths=lengths, total_lengths=totals,
+                    kl_coef=KL_COEF, gamma=GAMMA)
+            assert all(torch.equal(a, b) for a, b in zip(patched, ours))
+            # gamma 1 (slime's default) takes a number for the discount, the padding included
+            one = rpp_args[:-1] + (1.0,)
+            cp_close(rt_slime.context_parallel_reinforce_plus_plus_returns(*one, group=cp_group),
+                     frameworks.slime_get_reinforce_plus_plus_returns(*one, cp_rank, cp_size, cp_group), dtype)
+
         # the patch: slime's compute path reaches the drop-ins through its loss module's names
         totals, lengths, rewards, values, masks = cp_sequences(dp_rank, F64)
         local_r, local_v = ([mine(x, t, n) for x, t, n in zip(xs, totals, lengths)] for xs in (rewards, values))
@@ -366,6 +419,53 @@ def test_without_context_parallelism_is_todays_drop_in(stand_in):
         todays = frameworks.slime_get_advantages_and_returns_batch(*args, scans=stand_in)
     for a, b, c in zip(direct[0] + direct[1], patched[0] + patched[1], todays[0] + todays[1]):
         assert torch.equal(a, b) and torch.equal(b, c)
+
+
+def test_reinforce_plus_plus_without_context_parallelism_is_todays_drop_in(stand_in):
+    """With one CP rank the patched REINFORCE++ returns are slime's own function around the
+    chunked_discounted_returns drop-in, byte for byte, and so are the unpatched drop-in's and the
+    direct call's; all match the float64 oracle."""
+    for dtype in (F32, F64):
+        totals, lengths, seq_r, kl, masks = rpp_inputs(1, dtype)
+        args = (seq_r, kl, masks, lengths, totals, KL_COEF, GAMMA)
+        direct = rt_slime.get_reinforce_plus_plus_returns(*args)
+        plain = rt_slime.context_parallel_reinforce_plus_plus_returns(*args)
+        with rt_slime.patched():
+            patched = sys.modules[LOSS].get_reinforce_plus_plus_returns(*args)
+            todays = frameworks.slime_get_reinforce_plus_plus_returns(*args, scans=stand_in)
+        assert len(direct) == len(lengths)
+        for a, b, c, d in zip(direct, plain, patched, todays):
+            assert torch.equal(a, b) and torch.equal(b, c) and torch.equal(c, d)
+        cp_close(direct, [oracle_rpp_returns(*x) for x in zip(seq_r, kl, masks)], dtype)
+        cp_close(direct, frameworks.slime_get_reinforce_plus_plus_returns(*args), dtype)
+    assert rt_slime.get_reinforce_plus_plus_returns(seq_r[:0], [], [], [], [], KL_COEF, GAMMA) == []
+
+
+def test_reinforce_plus_plus_bad_inputs(stand_in):
+    totals, lengths, seq_r, kl, masks = rpp_inputs(0, F64)
+    call = rt_slime.context_parallel_reinforce_plus_plus_returns
+    good = dict(rewards=seq_r, kl=kl, loss_masks=masks, response_lengths=lengths, total_lengths=totals,
+                kl_coef=KL_COEF, gamma=GAMMA)
+    for change, error, name in (
+            (dict(rewards=seq_r.tolist()), TypeError, "rewards"),
+            (dict(rewards=seq_r[1:]), ValueError, "rewards"),
+            (dict(kl=kl[1:]), ValueError, "kl"),
+            (dict(kl=[kl[0][1:]] + kl[1:]), ValueError, r"kl\[0\]"),
+            (dict(loss_masks=tuple(masks[:2]) + (masks[2][:-1],) + tuple(masks[3:])), ValueError,
+             r"loss_masks\[2\]"),
+            (dict(loss_masks=[torch.zeros_like(masks[0])] + masks[1:]), ValueError, r"loss_masks\[0\]"),
+            (dict(total_lengths=lengths), ValueError, "response_lengths"),
+            (dict(response_lengths=torch.tensor(lengths)), TypeError, "response_lengths"),
+            (dict(kl_coef="0.1"), TypeError, "kl_coef"),
+            (dict(gamma=1.5), ValueError, "gamma"),
+            (dict(gamma=None), TypeError, "gamma")):
+        with pytest.raises(error, match=name):
+            call(**{**good, **change})
+    with pytest.raises(TypeError, match="group"):
+        call(**good, group="world")
+    # slime's own error (its assert on a fully masked response) while its ppo_utils is imported
+    with pytest.raises(AssertionError, match="fully masked"):
+        rt_slime.get_reinforce_plus_plus_returns(**{**good, "loss_masks": [torch.zeros_like(masks[0])] + masks[1:]})
 
 
 def test_patch_reaches_the_names_the_loss_module_bound(stand_in, monkeypatch):

@@ -1,6 +1,6 @@
 """slime: drop-ins for the GAE and discounted-return scans of ``slime.utils.ppo_utils``, its
-batch GAE under context parallelism and its advantage whitening (written against THUDM/slime at
-commit ``624b824a``), each one rl_triton call.
+batch GAE and REINFORCE++ returns under context parallelism and its advantage whitening (written
+against THUDM/slime at commit ``624b824a``), each one rl_triton call.
 
     import rl_triton.integrations.slime as rt_slime
     rt_slime.patch()          # in every process that computes advantages (slime's Megatron actors)
@@ -12,26 +12,32 @@ or without patching, with slime's signatures (slime itself need not be installed
     advantages, returns = rt_slime.chunked_gae(rewards, values, gamma=1.0, lambd=0.95)
     advantages, returns = rt_slime.context_parallel_gae(total_lengths, response_lengths, values_list,
                                                         rewards_list, 1.0, 0.95, group=cp_group)
+    returns = rt_slime.context_parallel_reinforce_plus_plus_returns(rewards, kl, loss_masks, response_lengths,
+                                                                     total_lengths, 0.05, 1.0, group=cp_group)
 
 ``patch()`` sets the attributes of ``slime.utils.ppo_utils`` named in ``FUNCTIONS``:
 ``chunked_gae`` and ``vanilla_gae`` (which ``get_advantages_and_returns_batch`` calls for PPO's
 GAE), ``chunked_discounted_returns`` (which ``get_reinforce_plus_plus_returns`` calls), and
-``get_advantages_and_returns_batch`` itself, also where slime's Megatron loss module bound it by
-name. slime reads them as module globals at each call, so the callers reach rl_triton unchanged.
-Without context parallelism the batch function stays slime's own around the ``chunked_gae``
-drop-in; with it, it is :func:`context_parallel_gae`: the ranks' zig-zag pieces of every response
-scanned in place by one sharded call (``rl_triton.Shards.zigzag``), where slime all-gathers each
-response, scans it whole on every rank and slices its pieces back out. ``patch(whitening=True)``
-also runs slime's ``distributed_masked_whiten`` (the advantages' whitening over the data- and
-context-parallel ranks) as ``rl_triton.masked_whiten(..., group=...)``.
+``get_advantages_and_returns_batch`` and ``get_reinforce_plus_plus_returns`` themselves, also
+where slime's Megatron loss module bound them by name. slime reads them as module globals at
+each call, so the callers reach rl_triton unchanged. Without context parallelism the two batch
+functions stay slime's own around the scan drop-ins; with it, they are
+:func:`context_parallel_gae` and :func:`context_parallel_reinforce_plus_plus_returns`: the ranks'
+zig-zag pieces of every response scanned in place by one sharded call
+(``rl_triton.Shards.zigzag``), where slime all-gathers each response, scans it whole on every
+rank and slices its pieces back out. ``patch(whitening=True)`` also runs slime's
+``distributed_masked_whiten`` (the advantages' whitening over the data- and context-parallel
+ranks) as ``rl_triton.masked_whiten(..., group=...)``.
 
 Conventions mapped here (docs/slime.md): ``[B, T]`` rows of response tokens padded on the right
 with zeros; GAE over the whole row with V = A = 0 past its end (no mask: slime zero-pads rewards
 and values), ``returns = advantages + values``; the discounted return restarts from 0 past the
-end. slime's ``chunk_size`` (the block length of its chunked-matmul scan) changes only its
-rounding and is not read here. Under context parallelism a sequence of ``total_length`` tokens is
-cut into 2W pieces of ``ceil(total_length / 2W)`` positions, rank k holding pieces k and 2W-1-k,
-and a response token belongs to the piece of the logits that score it (one position earlier).
+end; REINFORCE++'s token rewards are ``-kl_coef * kl * loss_mask`` with the sequence's reward at
+the response's last loss-masked token. slime's ``chunk_size`` (the block length of its
+chunked-matmul scan) changes only its rounding and is not read here. Under context parallelism
+a sequence of ``total_length`` tokens is cut into 2W pieces of ``ceil(total_length / 2W)``
+positions, rank k holding pieces k and 2W-1-k, and a response token belongs to the piece of the
+logits that score it (one position earlier).
 Where a function here raises while slime's module of that name is imported, it raises what
 slime's own function raises on the same arguments.
 """
@@ -50,15 +56,17 @@ from ._llm import tensor_arg
 from ._patching import PatchState, raising_as, requires_framework
 
 __all__ = ["FUNCTIONS", "WHITENING", "chunked_discounted_returns", "chunked_gae", "context_parallel_gae",
-           "distributed_masked_whiten", "get_advantages_and_returns_batch", "is_patched", "patch", "patched",
+           "context_parallel_reinforce_plus_plus_returns", "distributed_masked_whiten",
+           "get_advantages_and_returns_batch", "get_reinforce_plus_plus_returns", "is_patched", "patch", "patched",
            "unpatch", "vanilla_gae"]
 
 _PPO_UTILS = "slime.utils.ppo_utils"
 _DISTRIBUTED_UTILS = "slime.utils.distributed_utils"
-_LOSS = "slime.backends.megatron_utils.loss"  # binds get_advantages_and_returns_batch and the whitening at import
+_LOSS = "slime.backends.megatron_utils.loss"  # binds the batch functions and the whitening at import
 SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"  # THUDM/slime, the code these were checked against
 _INSTALL = "slime @ git+https://github.com/THUDM/slime"
-FUNCTIONS = ("chunked_gae", "vanilla_gae", "chunked_discounted_returns", "get_advantages_and_returns_batch")
+FUNCTIONS = ("chunked_gae", "vanilla_gae", "chunked_discounted_returns", "get_advantages_and_returns_batch",
+             "get_reinforce_plus_plus_returns")
 WHITENING = "distributed_masked_whiten"  # a switch while patched: the drop-in only for whitening=True
 _HOMES = {**{name: _PPO_UTILS for name in FUNCTIONS}, WHITENING: _DISTRIBUTED_UTILS}
 
@@ -159,8 +167,9 @@ def _lengths(x, name: str) -> list:
     return list(x)
 
 
-def _token_lists(values_list, rewards_list, B: int):
-    for name, xs in (("values_list", values_list), ("rewards_list", rewards_list)):
+def _token_lists(B: int, **lists) -> None:
+    """Each of ``lists`` (argument name -> value) a list of B 1-D tensors, else the error naming it."""
+    for name, xs in lists.items():
         if isinstance(xs, torch.Tensor) or not hasattr(xs, "__len__"):
             raise TypeError(f"{name} must be a list of 1-D tensors, got {type(xs).__name__}")
         if len(xs) != B:
@@ -180,6 +189,58 @@ def _without_cp(response_lengths, values_list, rewards_list, gamma, lambd):
     advantages, returns = _gae(rewards, values, gamma, lambd)
     return ([advantages[i, :n] for i, n in enumerate(response_lengths)],
             [returns[i, :n] for i, n in enumerate(response_lengths)])
+
+
+def _cp_layout(total_lengths, response_lengths, group):
+    """The checked lengths and ``group``, and this rank's pieces of every response:
+    ``(total_lengths, response_lengths, world, rank, bounds, parts)``, ``bounds[i]`` the pieces'
+    bounds of response i (``_response_pieces``) and ``parts[i]`` the token counts of this rank's
+    two pieces of it (``bounds``, ``parts`` None with one rank)."""
+    import torch.distributed as dist
+
+    total_lengths = _lengths(total_lengths, "total_lengths")
+    response_lengths = _lengths(response_lengths, "response_lengths")
+    B = len(response_lengths)
+    if B == 0 or len(total_lengths) != B:
+        raise ValueError(f"total_lengths and response_lengths must give the same number of sequences (one at "
+                         f"least), got {len(total_lengths)} and {B}")
+    for t, n in zip(total_lengths, response_lengths):
+        if not 0 < n < t:
+            raise ValueError(f"response_lengths must lie in [1, total_length) (a prompt of one token at least), "
+                             f"got {n} for a total length of {t}")
+    if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
+    world = 1 if group is None else dist.get_world_size(group)
+    if world == 1:
+        return total_lengths, response_lengths, 1, 0, None, None
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("group: this process is not a member of the process group")
+    bounds = [_response_pieces(t, n, world) for t, n in zip(total_lengths, response_lengths)]
+    parts = [(b[rank + 1] - b[rank], b[2 * world - rank] - b[2 * world - 1 - rank]) for b in bounds]
+    return total_lengths, response_lengths, world, rank, bounds, parts
+
+
+def _token_counts(wanted, **lists) -> None:
+    """Each tensor of ``lists`` (argument name -> list) holding this rank's ``wanted[i]`` tokens."""
+    for i, n in enumerate(wanted):
+        for name, xs in lists.items():
+            if xs[i].shape[0] != n:
+                raise ValueError(f"{name}[{i}] must hold this rank's {n} tokens of the response, got {xs[i].shape[0]}")
+
+
+def _runs(starts, counts, device) -> torch.Tensor:
+    """``cat([arange(s, s + n) for s, n in zip(starts, counts)])``: one index tensor."""
+    return torch.cat([torch.arange(s, s + n, device=device) for s, n in zip(starts, counts)])
+
+
+def _slots(bounds, parts, device):
+    """Where this rank's tokens go in its ``[B, 2 * slot]`` rows of equal slots, one slot per piece
+    and every slot as long as the longest piece of any rank: ``(slot, index)``, ``index`` the
+    flat position of each token of the rank's pieces concatenated (response by response, piece k
+    at the start of the row's first slot, piece 2W-1-k at the start of its second)."""
+    slot = max(1, max(b[m + 1] - b[m] for b in bounds for m in range(len(b) - 1)))
+    return slot, _runs([j * slot for j in range(2 * len(parts))], [n for pair in parts for n in pair], device)
 
 
 @documented(_BATCH_ARGS, group="the context-parallel ``torch.distributed`` ProcessGroup (Megatron's "
@@ -202,44 +263,15 @@ def context_parallel_gae(total_lengths, response_lengths, values_list, rewards_l
     Every rank of ``group`` calls it with the same lengths. The outputs have ``values_list``'s
     dtype (slime casts the rewards to it). No autograd.
     """
-    import torch.distributed as dist
-
-    total_lengths = _lengths(total_lengths, "total_lengths")
-    response_lengths = _lengths(response_lengths, "response_lengths")
+    total_lengths, response_lengths, world, rank, bounds, parts = _cp_layout(total_lengths, response_lengths, group)
     B = len(response_lengths)
-    if B == 0 or len(total_lengths) != B:
-        raise ValueError(f"total_lengths and response_lengths must give the same number of sequences (one at "
-                         f"least), got {len(total_lengths)} and {B}")
-    for t, n in zip(total_lengths, response_lengths):
-        if not 0 < n < t:
-            raise ValueError(f"response_lengths must lie in [1, total_length) (a prompt of one token at least), "
-                             f"got {n} for a total length of {t}")
-    _token_lists(values_list, rewards_list, B)
-    if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
-        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
-    world = 1 if group is None else dist.get_world_size(group)
-    if world == 1:
-        wanted = response_lengths
-    else:
-        rank = dist.get_rank(group)
-        if rank < 0:
-            raise ValueError("group: this process is not a member of the process group")
-        bounds = [_response_pieces(t, n, world) for t, n in zip(total_lengths, response_lengths)]
-        parts = [(b[rank + 1] - b[rank], b[2 * world - rank] - b[2 * world - 1 - rank]) for b in bounds]
-        wanted = [a + b for a, b in parts]
-    for i, n in enumerate(wanted):
-        for name, xs in (("values_list", values_list), ("rewards_list", rewards_list)):
-            if xs[i].shape[0] != n:
-                raise ValueError(f"{name}[{i}] must hold this rank's {n} tokens of the response, got {xs[i].shape[0]}")
+    _token_lists(B, values_list=values_list, rewards_list=rewards_list)
+    wanted = response_lengths if world == 1 else [a + b for a, b in parts]
+    _token_counts(wanted, values_list=values_list, rewards_list=rewards_list)
     with torch.no_grad():
         if world == 1:
             return _without_cp(response_lengths, values_list, rewards_list, gamma, lambd)
-        slot = max(1, max(b[m + 1] - b[m] for b in bounds for m in range(2 * world)))
-        # where each of this rank's tokens goes in its [B, 2 * slot] rows: piece k at the start of
-        # the row's first slot, piece 2W-1-k at the start of its second
-        counts = torch.tensor([n for pair in parts for n in pair])
-        starts = torch.arange(2 * B) * slot - (counts.cumsum(0) - counts)
-        index = (torch.repeat_interleave(starts, counts) + torch.arange(int(counts.sum()))).to(values_list[0].device)
+        slot, index = _slots(bounds, parts, values_list[0].device)
         values = torch.cat(list(values_list))
         rows_v = values.new_zeros(B * 2 * slot).index_copy_(0, index, values)
         rows_r = rows_v.new_zeros(B * 2 * slot).index_copy_(0, index, torch.cat(list(rewards_list)).to(values.dtype))
@@ -273,6 +305,135 @@ def get_advantages_and_returns_batch(total_lengths, response_lengths, values_lis
         return context_parallel_gae(total_lengths, response_lengths, values_list, rewards_list, gamma, lambd)
     return context_parallel_gae(total_lengths, response_lengths, values_list, rewards_list, gamma, lambd,
                                 group=mpu.get_context_parallel_group())
+
+
+_RPP_ARGS = dict(
+    rewards="1-D float tensor of the sequences' scalar rewards, one per sequence.",
+    kl="one 1-D float tensor per sequence: the per-token KL estimate of this rank's response tokens (its two "
+       "pieces of the response, concatenated, under context parallelism; the whole response without).",
+    loss_masks="one 1-D tensor per sequence: the loss mask of the whole response (nonzero: the token is "
+               "trained on), the same on every CP rank, with one such token at least.",
+    response_lengths=_BATCH_ARGS["response_lengths"],
+    total_lengths=_BATCH_ARGS["total_lengths"],
+    kl_coef="the KL penalty's coefficient (a number).",
+    gamma="the discount: a number in [0, 1].",
+)
+
+
+def _number(x, name: str, unit: bool = False) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(x).__name__}")
+    if unit and not 0.0 <= x <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {x}")
+    return x
+
+
+def _last_tokens(loss_masks) -> list:
+    """The index of each response's last loss-masked token (one read on the host), ValueError
+    naming the mask that has none."""
+    last = []
+    for m in loss_masks:
+        flipped = (m != 0).flip(0).to(torch.uint8)
+        k = flipped.argmax()  # the first marked token from the end, or 0 where none is
+        last.append(torch.where(flipped[k] != 0, m.shape[0] - 1 - k, -1))
+    last = torch.stack(last).tolist()
+    for i, j in enumerate(last):
+        if j < 0:
+            raise ValueError(f"loss_masks[{i}] must mark one token of the response at least (it masks them all)")
+    return last
+
+
+@documented(_RPP_ARGS, group="the context-parallel ``torch.distributed`` ProcessGroup (Megatron's "
+            "``mpu.get_context_parallel_group()``), or None: no context parallelism.")
+def context_parallel_reinforce_plus_plus_returns(rewards, kl, loss_masks, response_lengths, total_lengths, kl_coef,
+                                                 gamma, group=None):
+    """REINFORCE++'s returns of every response split over the context-parallel ranks of
+    ``group`` as Megatron-LM (and slime) split it, as one sharded call: a list of this rank's
+    returns of each response, laid out as ``kl``.
+
+    Per response of n tokens with loss mask m and last masked token e, the token rewards are
+    r[t] = -kl_coef * kl[t] * m[t], plus the sequence's reward at t = e, and the return is
+    G[t] = r[t] + gamma * G[t+1], G[n] = 0: slime's ``get_reinforce_plus_plus_returns`` of the
+    whole response. The ranks' pieces are those of :func:`context_parallel_gae` and go into its
+    slots of one length; the padding is no step (reward 0, discount 1: a per-step ``gamma``
+    tensor, as ``discounted_return`` takes no mask), and one ``rl_triton.discounted_return(...,
+    gamma=g, group=rl_triton.Shards.zigzag(group))`` scans them, where slime all-gathers each
+    response's KL, scans it whole on every rank and slices its pieces back out. Every rank of
+    ``group`` calls it with the same lengths, rewards and masks. The outputs have ``kl``'s dtype.
+    No autograd.
+    """
+    total_lengths, response_lengths, world, rank, bounds, parts = _cp_layout(total_lengths, response_lengths, group)
+    B = len(response_lengths)
+    rewards = tensor_arg(rewards, "rewards")
+    if rewards.shape != (B,):
+        raise ValueError(f"rewards must be 1-D with one reward per sequence ({B}), got shape {tuple(rewards.shape)}")
+    _token_lists(B, kl=kl, loss_masks=loss_masks)
+    kl_coef, gamma = _number(kl_coef, "kl_coef"), _number(gamma, "gamma", unit=True)
+    wanted = response_lengths if world == 1 else [a + b for a, b in parts]
+    _token_counts(wanted, kl=kl)
+    for i, n in enumerate(response_lengths):
+        if loss_masks[i].shape[0] != n:
+            raise ValueError(f"loss_masks[{i}] must hold the whole response's {n} tokens, got {loss_masks[i].shape[0]}")
+    last = _last_tokens(loss_masks)
+    with torch.no_grad():
+        if world == 1:  # slime's own steps around the scan
+            token_rewards = []
+            for i, e in enumerate(last):
+                r = -kl_coef * (kl[i] * loss_masks[i])
+                r[e] += rewards[i]
+                token_rewards.append(r)
+            rows = token_rewards[0].new_zeros(B, max(response_lengths))
+            for i, r in enumerate(token_rewards):
+                rows[i, :r.size(0)] = r
+            returns = discounted_return(rows, gamma=gamma)
+            return [returns[i, :n] for i, n in enumerate(response_lengths)]
+        device = kl[0].device
+        masks = torch.cat([m[b[k]:b[k + 1]] for m, b in zip(loss_masks, bounds)
+                           for k in (rank, 2 * world - 1 - rank)]).to(device)
+        token_rewards = -kl_coef * (torch.cat(list(kl)) * masks)
+        # the sequence reward on the rank whose pieces hold the response's last masked token
+        seqs, at, start = [], [], 0
+        for i, (e, b, (n0, n1)) in enumerate(zip(last, bounds, parts)):
+            if b[rank] <= e < b[rank + 1]:
+                seqs.append(i), at.append(start + e - b[rank])
+            elif b[2 * world - 1 - rank] <= e < b[2 * world - rank]:
+                seqs.append(i), at.append(start + n0 + e - b[2 * world - 1 - rank])
+            start += n0 + n1
+        if seqs:
+            at = torch.tensor(at, device=device)
+            token_rewards[at] = token_rewards[at] + rewards.to(device)[torch.tensor(seqs, device=device)]
+        slot, index = _slots(bounds, parts, device)
+        rows = token_rewards.new_zeros(B * 2 * slot).index_copy_(0, index, token_rewards)
+        # gamma 1 passes the return through the padding as it is: a number will do
+        discounts = gamma if gamma == 1 else torch.ones_like(rows).index_fill_(0, index, gamma).view(B, -1)
+        returns = discounted_return(rows.view(B, -1), gamma=discounts, group=Shards.zigzag(group))
+        return list(returns.view(-1).index_select(0, index).split(wanted))
+
+
+@_raises_as_slime
+@documented(_RPP_ARGS)
+def get_reinforce_plus_plus_returns(rewards, kl, loss_masks, response_lengths, total_lengths, kl_coef, gamma):
+    """slime's ``get_reinforce_plus_plus_returns``: a list of this rank's REINFORCE++ returns of
+    each response (:func:`context_parallel_reinforce_plus_plus_returns` has the math).
+
+    Reads the context-parallel world from Megatron-LM's ``mpu``, as slime's does. With one rank
+    it is slime's own function while patched (whose scan is the ``chunked_discounted_returns``
+    drop-in), and the same steps otherwise. With several it is
+    :func:`context_parallel_reinforce_plus_plus_returns` on ``mpu.get_context_parallel_group()``:
+    one sharded scan of the ranks' pieces where slime all-gathers every response's KL, scans it
+    whole on every rank and slices its pieces back out. The results agree to rounding. No
+    sequences: an empty list, as slime's.
+    """
+    from megatron.core import mpu
+
+    if isinstance(rewards, torch.Tensor) and rewards.numel() == 0:
+        return []
+    args = dict(rewards=rewards, kl=kl, loss_masks=loss_masks, response_lengths=response_lengths,
+                total_lengths=total_lengths, kl_coef=kl_coef, gamma=gamma)
+    if mpu.get_context_parallel_world_size() == 1:
+        theirs = _saved.get("get_reinforce_plus_plus_returns")
+        return (context_parallel_reinforce_plus_plus_returns if theirs is None else theirs)(**args)
+    return context_parallel_reinforce_plus_plus_returns(**args, group=mpu.get_context_parallel_group())
 
 
 @_raises_as_slime
@@ -332,7 +493,7 @@ def _apply() -> None:
         if module and name in vars(module):
             _saved[name] = getattr(module, name)
             setattr(module, name, fn)
-    # slime's loss module binds two of them by name when it is imported; once imported, it keeps
+    # slime's loss module binds three of them by name when it is imported; once imported, it keeps
     # slime's objects unless they are set there too (imported later, it binds the patched ones)
     loss = sys.modules.get(_LOSS)
     for name, fn in _saved.items():
@@ -358,11 +519,11 @@ def _settings(whitening) -> dict:
 
 
 def patch(whitening: bool = False) -> None:
-    """Route slime's ``FUNCTIONS`` (the GAE and discounted-return scans of ``slime.utils.ppo_utils``
-    and ``get_advantages_and_returns_batch``, whose context-parallel path becomes one sharded
-    scan) through rl_triton until ``unpatch()``; with ``whitening=True`` also slime's
-    ``distributed_masked_whiten`` (the advantage whitening over the data- and context-parallel
-    ranks), which otherwise stays slime's. Imports slime; ``ImportError`` where it cannot.
+    """Route slime's ``FUNCTIONS`` (the GAE and discounted-return scans of ``slime.utils.ppo_utils``,
+    ``get_advantages_and_returns_batch`` and ``get_reinforce_plus_plus_returns``, whose
+    context-parallel paths become one sharded scan each) through rl_triton until ``unpatch()``;
+    with ``whitening=True`` also slime's ``distributed_masked_whiten`` (the advantage whitening
+    over the data- and context-parallel ranks), which otherwise stays slime's. Imports slime; ``ImportError`` where it cannot.
     Idempotent (a later call's ``whitening`` holds from then on). Thread-safe. Call it in each
     process that computes advantages (slime's Megatron training actors); the patch is shared with
     ``patched()`` blocks, in any thread.

@@ -241,8 +241,8 @@ def slime_chunked_gae(rewards, values, gamma, lambd, chunk_size=128):
 # slime's context-parallel path (THUDM/slime at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515):
 # slime/backends/megatron_utils/cp_utils.py (get_logits_and_tokens_offset_with_cp,
 # all_gather_with_cp, slice_log_prob_with_cp), slime/utils/ppo_utils.py
-# (get_advantages_and_returns_batch), slime/utils/distributed_utils.py (distributed_masked_whiten)
-# and the whitening block of compute_advantages_and_returns in
+# (get_advantages_and_returns_batch, get_reinforce_plus_plus_returns), slime/utils/distributed_utils.py
+# (distributed_masked_whiten) and the whitening block of compute_advantages_and_returns in
 # slime/backends/megatron_utils/loss.py. Megatron's ``mpu`` lookups are the arguments ``cp_rank``,
 # ``cp_size`` and ``cp_group``.
 
@@ -346,6 +346,46 @@ def slime_get_advantages_and_returns_batch(total_lengths, response_lengths, valu
                      for t, n, g in zip(total_lengths, response_lengths, returns)])
         return ([advantages[i, :n] for i, n in enumerate(response_lengths)],
                 [returns[i, :n] for i, n in enumerate(response_lengths)])
+
+
+def slime_get_reinforce_plus_plus_returns(rewards, kl, loss_masks, response_lengths, total_lengths, kl_coef, gamma,
+                                           cp_rank=0, cp_size=1, cp_group=None, scans=None):
+    """slime's get_reinforce_plus_plus_returns (slime/utils/ppo_utils.py at the commit above): with
+    ``cp_size > 1`` each response's KL all-gathered from the ranks' pieces; the token rewards
+    ``-kl_coef * kl * loss_mask`` of the whole response with the sequence's reward added at its
+    last loss-masked token; ``slime_chunked_discounted_returns`` (``scans.chunked_discounted_returns``,
+    looked up at the call, where given) on the zero-padded batch on every rank; this rank's pieces
+    sliced back out. A list of returns per response."""
+    token_level_rewards = []
+    for i in range(len(rewards)):
+        total_len, response_len = total_lengths[i], response_lengths[i]
+        if cp_size > 1:
+            full_kl_response = slime_all_gather_with_cp(kl[i], total_len, response_len, cp_rank, cp_size, cp_group)
+        else:
+            full_kl_response = kl[i]
+        full_mask = loss_masks[i]
+        assert full_mask.sum().item() > 0, f"Sequence at index {i} is fully masked."
+        masked_kl = full_kl_response * full_mask
+        rewards_for_seq = -kl_coef * masked_kl
+        last_idx = full_mask.nonzero(as_tuple=True)[0][-1]
+        rewards_for_seq[last_idx] += rewards[i]
+        token_level_rewards.append(rewards_for_seq)
+    if not token_level_rewards:
+        return []
+    max_len = max(r.size(0) for r in token_level_rewards)
+    padded_rewards = token_level_rewards[0].new_zeros(len(token_level_rewards), max_len)
+    for i, r in enumerate(token_level_rewards):
+        padded_rewards[i, :r.size(0)] = r
+    scan = slime_chunked_discounted_returns if scans is None else scans.chunked_discounted_returns
+    padded_returns = scan(padded_rewards, gamma)
+    out = []
+    for i, returns_for_seq in enumerate(padded_returns):
+        returns_for_seq = returns_for_seq[:token_level_rewards[i].size(0)]
+        if cp_size > 1:
+            returns_for_seq = slime_slice_log_prob_with_cp(returns_for_seq, total_lengths[i], response_lengths[i],
+                                                           cp_rank, cp_size)
+        out.append(returns_for_seq)
+    return out
 
 
 def slime_cp_loss_mask(loss_mask, total_length, response_length, cp_rank, cp_size):
