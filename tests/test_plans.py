@@ -151,9 +151,10 @@ def test_out_aliasing_an_input_on_a_repeated_call(backend):
 
 
 def test_the_hit_paths_overlap_expression_is_the_plans_overlap_check():
-    """The generated hit path checks out= against the inputs with one expression of the data
-    pointers (``Plan._overlap_condition``); it says what ``Plan._overlap`` says for every
-    placement of the tensors, meeting or not, at the boundaries included."""
+    """The plan checks out= against the inputs with one expression of the data pointers
+    (``Plan._overlap_condition``, inlined by the generated hit path and evaluated by
+    ``Plan._overlap``); for every placement of the tensors, meeting or not, at the boundaries
+    included, it says what comparing each output's byte range with each other tensor's says."""
     plans.clear()
     p = make("gae", (4, 9), "done", seed=0)
     p.call("cpu", out=(torch.empty(p.shape), torch.empty(p.shape)))
@@ -173,9 +174,12 @@ def test_the_hit_paths_overlap_expression_is_the_plans_overlap_check():
     met = 0
     for _ in range(3000):
         ptrs = [int(x) for x in rng.integers(0, 3 * longest, len(plan.sources))]
-        want = plan._overlap([At(x) for x in ptrs])
+        want = any(ptrs[k] + plan.spans[k][0] < ptrs[j] + plan.spans[j][1]
+                   and ptrs[j] + plan.spans[j][0] < ptrs[k] + plan.spans[k][1]
+                   for j, others in plan.out_sources for k in others)
         met += want
         assert eval(condition, {f"d{k}": x for k, x in enumerate(ptrs)}) == want
+        assert plan._overlap([At(x) for x in ptrs]) == want
     assert 0 < met < 3000
 
 

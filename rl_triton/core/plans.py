@@ -284,6 +284,7 @@ class Plan:
         # each output given by the caller, with the other tensors of the call it must not meet
         plan.out_sources = [(j, [k for k in range(len(sources)) if k != j])
                             for j, ((name, _), _) in enumerate(sources) if name == "out"]
+        plan._overlaps = None  # _overlap's compiled condition, made on first use
         # the arguments the signature fixes (numbers, modes, absent inputs); tensors come per
         # call, and a plan keeps none of its first call's alive
         plan.args = [None if isinstance(x, torch.Tensor) else x for x in args]
@@ -504,9 +505,10 @@ class Plan:
         return args, views
 
     def _overlap_condition(self) -> str:
-        """``_overlap`` as one Python expression of the sources' data pointers ``d0, d1, ...``:
-        outputs j and k meet where lo_j - hi_k < d_k - d_j < hi_j - lo_k (their spans, the
-        constants of this signature), each pair written once."""
+        """Whether a caller's output meets another of the call's tensors in memory, as one Python
+        expression of the sources' data pointers ``d0, d1, ...``: tensors j and k meet where
+        lo_j - hi_k < d_k - d_j < hi_j - lo_k (their spans, the constants of this signature), each
+        pair written once. The generated hit path inlines it; ``_overlap`` evaluates it."""
         pairs = sorted({(min(j, k), max(j, k)) for j, others in self.out_sources for k in others})
         terms = []
         for j, k in pairs:
@@ -515,16 +517,11 @@ class Plan:
         return " or ".join(terms)
 
     def _overlap(self, sources) -> bool:
-        """Whether a caller's output meets another of the call's tensors in memory."""
-        ptrs = [x.data_ptr() for x in sources]
-        for j, others in self.out_sources:
-            lo, hi = self.spans[j]
-            lo, hi = ptrs[j] + lo, ptrs[j] + hi
-            for k in others:
-                a, b = self.spans[k]
-                if ptrs[k] + a < hi and lo < ptrs[k] + b:
-                    return True
-        return False
+        """``_overlap_condition`` on these tensors (compiled on first use)."""
+        if self._overlaps is None:
+            names = ", ".join(f"d{k}" for k in range(len(self.sources)))
+            self._overlaps = eval(f"lambda {names}: {self._overlap_condition()}")
+        return self._overlaps(*[x.data_ptr() for x in sources])
 
 
 SAME, TRANSPOSED, VIEW = 0, 1, 2
