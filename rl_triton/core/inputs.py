@@ -64,8 +64,13 @@ def check_unit_interval(x, name: str):
     if isinstance(x, torch.Tensor):
         check_tensor(x, name)
         if value_checks_on(x.device) and x.numel():
-            # one element (TorchRL keeps gamma as a 0-d buffer): a number compare, not three ops
-            inside = 0.0 <= float(x.detach()) <= 1.0 if x.numel() == 1 else bool(((x >= 0) & (x <= 1)).all())
+            # one element (TorchRL keeps gamma as a 0-d buffer): a number compare; more: one pass
+            # for both ends (NaN propagates into both and fails the compare)
+            if x.numel() == 1:
+                inside = 0.0 <= float(x.detach()) <= 1.0
+            else:
+                low, high = torch.aminmax(x.detach())
+                inside = 0.0 <= float(low) and float(high) <= 1.0
             if not inside:
                 raise ValueError(f"{name} must lie in [0, 1]; the tensor has values outside")
         return x
