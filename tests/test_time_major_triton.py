@@ -1,10 +1,10 @@
 """The Triton engine on time-major data (``[T, N]`` with ``time_dim=0``, and any layout whose time
 stride is not the smallest): the launch plan's choice (:func:`kernels.time_major_plan`), and each
 regime forced small so the interpreter reaches it (the WALK regime one step at a time, in two
-passes a chunk or one: one chunk, chunked carry, split time; the scan across the lanes of
-natural-lane tiles), for every algorithm, forward and reverse, against the float64 oracle;
-strided views; masked GAE (the two-state scan); a sequence split across ranks whose chunks are
-time-major."""
+passes a chunk, one, one from registers, or that a chunk ahead: one chunk, chunked carry, split
+time; the scan across the lanes of natural-lane tiles), for every algorithm, forward and
+reverse, against the float64 oracle; strided views; masked GAE (the two-state scan); a sequence
+split across ranks whose chunks are time-major."""
 
 import contextlib
 import dataclasses
@@ -21,6 +21,8 @@ T, N = 7, 5
 PLANS = {
     "planned": {},
     "walk, chunked carry, split time": dict(block_t=2, block_r=2, n_seg=2),
+    "walk from registers, chunked carry, split time": dict(walk=3, block_t=2, block_r=2, n_seg=2),
+    "walk a chunk ahead, chunked carry, split time": dict(walk=4, block_t=2, block_r=2, n_seg=2),
     "lanes, split time": dict(walk=0, block_t=4, block_r=4, n_seg=2),
 }
 
@@ -69,7 +71,8 @@ def test_time_major_regime_matches_oracle(algo, plan):
     _check(_problem(algo, seed=len(algo) * 11 + len(plan)), PLANS[plan])
 
 
-@pytest.mark.parametrize("plan", [{}, dict(walk=1), dict(walk=0)], ids=["planned", "walk in one pass", "lanes"])
+@pytest.mark.parametrize("plan", [{}, dict(walk=1), dict(walk=3), dict(walk=4), dict(walk=0)],
+                         ids=["planned", "walk in one pass", "walk from registers", "walk a chunk ahead", "lanes"])
 @pytest.mark.parametrize("algo", ["gae", "vtrace", "affine_scan_forward"])
 def test_time_major_float32(algo, plan):
     """float32 accumulation, chunks with a partial last one."""

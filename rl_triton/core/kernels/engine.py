@@ -343,6 +343,32 @@ def _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE: tl.constexpr, BLOCK_T: tl.co
 
 
 @triton.jit
+def _walk_chunk(ins, rows, rmask, T, k, c_lo, c_hi, BUILD: tl.constexpr, REVERSE: tl.constexpr, ACC: tl.constexpr,
+                BLOCK_T: tl.constexpr, EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, IDX: tl.constexpr):
+    """The k-th chunk of ``[c_lo, c_hi)`` in scan order as a tuple of its steps' ``(t, mask,
+    (alpha, beta, ctx))``: every step's BUILD, so every load of the chunk, before any use."""
+    chunk = ()
+    for j in tl.static_range(BLOCK_T):
+        t, mask = _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE, BLOCK_T, EVEN_T, IDX)
+        chunk = chunk + ((t, mask, _coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)),)
+    return chunk
+
+
+@triton.jit
+def _walk_apply(ins, outs, rows, t, mask, alpha, beta, ctx, y, m_b, STORE: tl.constexpr, PHASE: tl.constexpr, T,
+                ACC: tl.constexpr):
+    """One step of :func:`_walk`: y = alpha + beta*y, then phase 1 folds beta into the segment's
+    map ``m_b``, phases 0 and 2 store. Returns ``(y, m_b)``."""
+    y_prev = y
+    y = _step(alpha, beta, y)
+    if PHASE == 1:
+        m_b = tl.where(beta == 0, 0.0, beta * m_b)
+    else:
+        STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
+    return y, m_b
+
+
+@triton.jit
 def _walk(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, ca, cb, BUILD: tl.constexpr, STORE: tl.constexpr,
           REVERSE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr,
           EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, IDX: tl.constexpr, WALK: tl.constexpr):
@@ -356,28 +382,45 @@ def _walk(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, ca, cb, BUILD: tl.const
     ``WALK = 2`` (phases 0 and 2) walks each chunk twice: first with no stores, to the carry at
     its end, then again from its start, storing. The compiler keeps each load after the stores
     before it (they might alias), so in one pass every step waits for its loads; in the first
-    pass the chunk's loads are all in flight at once, and the second reads them from the cache."""
+    pass the chunk's loads are all in flight at once, and the second reads them from the cache.
+    ``WALK = 3`` walks each chunk once from registers: every step's BUILD (its loads) first, kept
+    in a tuple, then the steps in order with their stores, so the chunk's loads are in flight
+    together and none is repeated. ``WALK = 4`` as 3, each chunk's loads issued before the
+    previous chunk's steps and stores (a chunk ahead in registers)."""
     EARLY: tl.constexpr = WALK == 2 and PHASE != 1
+    GATHER: tl.constexpr = WALK >= 3
+    PREFETCH: tl.constexpr = WALK == 4
     y = ca[:, None]
     m_b = cb[:, None]
+    if PREFETCH:
+        chunk = _walk_chunk(ins, rows, rmask, T, 0, c_lo, c_hi, BUILD, REVERSE, ACC, BLOCK_T, EVEN_R, EVEN_T, IDX)
     for k in range(n_iter):
-        if EARLY:
-            y_end = y
+        if GATHER:
+            if PREFETCH:  # the next chunk's loads (the last chunk's again at the end) before this one's stores
+                ahead = _walk_chunk(ins, rows, rmask, T, k + (k + 1 < n_iter), c_lo, c_hi, BUILD, REVERSE, ACC,
+                                    BLOCK_T, EVEN_R, EVEN_T, IDX)
+            else:
+                chunk = _walk_chunk(ins, rows, rmask, T, k, c_lo, c_hi, BUILD, REVERSE, ACC, BLOCK_T, EVEN_R, EVEN_T,
+                                    IDX)
+            for j in tl.static_range(BLOCK_T):
+                t, mask, coefficients = chunk[j]
+                alpha, beta, ctx = coefficients
+                y, m_b = _walk_apply(ins, outs, rows, t, mask, alpha, beta, ctx, y, m_b, STORE, PHASE, T, ACC)
+            if PREFETCH:
+                chunk = ahead
+        else:
+            if EARLY:
+                y_end = y
+                for j in tl.static_range(BLOCK_T):
+                    t, mask = _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE, BLOCK_T, EVEN_T, IDX)
+                    alpha, beta, ctx = _coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
+                    y_end = _step(alpha, beta, y_end)
             for j in tl.static_range(BLOCK_T):
                 t, mask = _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE, BLOCK_T, EVEN_T, IDX)
                 alpha, beta, ctx = _coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
-                y_end = _step(alpha, beta, y_end)
-        for j in tl.static_range(BLOCK_T):
-            t, mask = _walk_step(k, j, c_lo, c_hi, rmask, T, REVERSE, BLOCK_T, EVEN_T, IDX)
-            alpha, beta, ctx = _coefficients(BUILD, ins, rows, t, mask, T, ACC, EVEN_R and EVEN_T)
-            y_prev = y
-            y = _step(alpha, beta, y)
-            if PHASE == 1:
-                m_b = tl.where(beta == 0, 0.0, beta * m_b)
-            else:
-                STORE(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC)
-        if EARLY:
-            y = y_end  # the same value: the first pass's loads feed the carry, so none is dropped
+                y, m_b = _walk_apply(ins, outs, rows, t, mask, alpha, beta, ctx, y, m_b, STORE, PHASE, T, ACC)
+            if EARLY:
+                y = y_end  # the same value: the first pass's loads feed the carry, so none is dropped
     return tl.sum(y, axis=1), tl.sum(m_b, axis=1)
 
 
@@ -386,7 +429,7 @@ def _walk_pairs(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, s1, s2, s3, s4, s
                 STORE: tl.constexpr, REVERSE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_T: tl.constexpr, EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, IDX: tl.constexpr,
                 WALK: tl.constexpr):
-    """:func:`_walk` for the two-state scan (``PAIR``). Phase 1: ``(s1, ..., s5)`` is the map
+    """:func:`_walk` for the two-state scan (``PAIR``; ``WALK`` 3 and 4 walk as 1). Phase 1: ``(s1, ..., s5)`` is the map
     ``(a1, b1, a2, b2, c)`` folded so far, returned with the chunks' steps folded in; phase 0:
     ``s1``, ``s2`` are the carries ``(x, y)``, returned first (the others unused)."""
     EARLY: tl.constexpr = WALK == 2 and PHASE != 1
