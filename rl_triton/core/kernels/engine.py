@@ -429,9 +429,10 @@ def _walk_pairs(ins, outs, rows, rmask, T, c_lo, c_hi, n_iter, s1, s2, s3, s4, s
                 STORE: tl.constexpr, REVERSE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_T: tl.constexpr, EVEN_R: tl.constexpr, EVEN_T: tl.constexpr, IDX: tl.constexpr,
                 WALK: tl.constexpr):
-    """:func:`_walk` for the two-state scan (``PAIR``; ``WALK`` 3 and 4 walk as 1). Phase 1: ``(s1, ..., s5)`` is the map
-    ``(a1, b1, a2, b2, c)`` folded so far, returned with the chunks' steps folded in; phase 0:
-    ``s1``, ``s2`` are the carries ``(x, y)``, returned first (the others unused)."""
+    """:func:`_walk` for the two-state scan (``PAIR``; ``WALK`` 3 and 4 walk as 1). Phase 1:
+    ``(s1, ..., s5)`` is the map ``(a1, b1, a2, b2, c)`` folded so far, returned with the
+    chunks' steps folded in; phase 0: ``s1``, ``s2`` are the carries ``(x, y)``, returned first
+    (the others unused)."""
     EARLY: tl.constexpr = WALK == 2 and PHASE != 1
     m1 = s1[:, None]
     m2 = s2[:, None]
