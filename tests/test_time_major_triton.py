@@ -71,7 +71,7 @@ def test_time_major_regime_matches_oracle(algo, plan):
     _check(_problem(algo, seed=len(algo) * 11 + len(plan)), PLANS[plan])
 
 
-@pytest.mark.parametrize("plan", [{}, dict(walk=1), dict(walk=3), dict(walk=4), dict(walk=0)],
+@pytest.mark.parametrize("plan", [{}, dict(walk=1), dict(walk=3), dict(walk=4, block_t=8), dict(walk=0)],
                          ids=["planned", "walk in one pass", "walk from registers", "walk a chunk ahead", "lanes"])
 @pytest.mark.parametrize("algo", ["gae", "vtrace", "affine_scan_forward"])
 def test_time_major_float32(algo, plan):
