@@ -8,10 +8,8 @@ min(n, T) over the windows that start there: step s = t + k is a masked shifted 
 input, ``discount`` the running product G(t, k) and ``open`` marks the windows still taking
 steps (closed after a termination, after a done, a window's n-th reward or the rollout's last
 step, which bootstrap from their ``next_values``). The loop stops once no window of the tile is
-open, so a tile costs O(min(n, its longest window)) steps; windows of up to ``MAX_STATIC_K``
-steps unroll instead, loading each step's inputs whatever the flags before it say, so that all
-of a tile's loads are in flight at once (the later steps mostly hit the cache). float16/bfloat16
-inputs accumulate in float32, float64 in float64; the output has the rewards' dtype.
+open, so a tile costs O(min(n, its longest window)) steps. float16/bfloat16 inputs accumulate
+in float32, float64 in float64; the output has the rewards' dtype.
 
 Absent inputs are passed as the rewards' pointer with a constexpr flag saying they are absent
 (no ``is None`` test of a tuple argument: Triton 3.6 cannot compile one that holds a None), and
@@ -33,8 +31,6 @@ from . import _cdiv, _pow2, _scalar, current_stream, direct_launch_ok, launch_co
 # a tile of about TILE elements: along the rows' contiguous axis, up to 128 of it
 TILE = 1024
 NUM_WARPS = 4
-# windows of up to this many steps unroll with every step's loads in flight (one kernel per n)
-MAX_STATIC_K = 16
 
 
 @triton.jit
@@ -44,65 +40,15 @@ def _flag(x, sr, st, rows, s, live):
 
 
 @triton.jit
-def _window_step(k, t, rows, inside, is_open, total, discount, after, g_number, rewards, r_sr, r_st, next_values,
-                 v_sr, v_st, terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st, gamma, g_sr, g_st, T,
-                 K, HAS_TERM: tl.constexpr, HAS_TRUNC: tl.constexpr, DONE_MODE: tl.constexpr,
-                 GAMMA_TENSOR: tl.constexpr, ACC: tl.constexpr, EAGER: tl.constexpr):
-    """Step s = t + k of every window still open (``is_open``): returns the new
-    ``(total, discount, is_open)``. ``EAGER``: the loads are masked by the rollout's bounds only,
-    not by the windows still open, so no load waits for the flags of the step before it (an
-    unrolled loop then has every step's loads in flight at once)."""
-    s = t + k
-    live = is_open
-    if EAGER:
-        reach = inside & (s < T)
-        reach_next = inside & (s < T - 1)
-    else:
-        reach = live
-        reach_next = live & (s < T - 1)
-    r = tl.load(rewards + rows * r_sr + s * r_st, mask=reach, other=0.0).to(ACC)
-    total = tl.where(live, total + discount * r, total)
-    if DONE_MODE == 2:  # every done a termination
-        ended = tl.where(s == T - 1, after, _flag(done, d_sr, d_st, rows, s + 1, reach_next))
-        term = ended
-    else:
-        if HAS_TERM:
-            term = _flag(terminated, k_sr, k_st, rows, s, reach)
-        else:
-            term = tl.zeros(total.shape, tl.int1)
-        if DONE_MODE == 0:
-            ended = _flag(done, d_sr, d_st, rows, s, reach)
-        elif HAS_TRUNC:
-            ended = term | _flag(truncated, u_sr, u_st, rows, s, reach)
-        else:
-            ended = term
-    if GAMMA_TENSOR:
-        g = tl.load(gamma + rows * g_sr + s * g_st, mask=reach, other=0.0).to(ACC)
-    else:
-        g = g_number
-    # the window's last step, unless it terminates: the bootstrap from its own next value (k = K - 1
-    # spelt as a comparison of tensors: the interpreter widens a scalar's to int32)
-    boot = live & ~term & (ended | (s == t + (K - 1)) | (s == T - 1))
-    if EAGER:
-        nv = tl.load(next_values + rows * v_sr + s * v_st, mask=reach, other=0.0).to(ACC)
-    else:
-        nv = tl.load(next_values + rows * v_sr + s * v_st, mask=boot, other=0.0).to(ACC)
-    total = tl.where(boot, total + discount * g * nv, total)
-    discount = tl.where(live, discount * g, discount)
-    return total, discount, live & ~term & ~boot
-
-
-@triton.jit
 def nstep_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated, k_sr, k_st, done, d_sr, d_st,
                  truncated, u_sr, u_st, last_done, l_sr, gamma, g_sr, g_st, gamma_value: tl.float64, out, o_sr, o_st,
                  R, T, K, HAS_TERM: tl.constexpr, HAS_TRUNC: tl.constexpr,
                  DONE_MODE: tl.constexpr, GAMMA_TENSOR: tl.constexpr, ACC: tl.constexpr, BLOCK_R: tl.constexpr,
-                 BLOCK_T: tl.constexpr, STATIC_K: tl.constexpr):
+                 BLOCK_T: tl.constexpr):
     """``out[i, t]`` (the rewards' dtype) for the tile's rows i and steps t; ``K`` = min(n, T),
     ``DONE_MODE`` spec.py's (DONE_ARRAY 0, DONE_TERM_OR_TRUNC 1, DONE_OBS_ALIGNED 2: ``done``
     then holds the episode starts, read one step on, and ``last_done`` the step after the
-    window). ``STATIC_K``: K itself, for short windows: the K steps unrolled with eager loads
-    (:func:`_window_step`); 0: a loop that stops once no window of the tile is open."""
+    window)."""
     r_idx = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rows = r_idx.to(tl.int64)[:, None]
     # steps in int64: a step times the time stride of a wide time-major rollout passes 2**31
@@ -113,34 +59,48 @@ def nstep_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated, k_sr,
     is_open = inside
     if DONE_MODE == 2:
         after = (tl.load(last_done + r_idx.to(tl.int64) * l_sr, mask=r_idx < R, other=0) != 0)[:, None]
-    else:
-        after = inside
-    if GAMMA_TENSOR:
-        g_number = tl.full((), 0.0, ACC)
-    else:
+    if not GAMMA_TENSOR:
         g_number = tl.full((), gamma_value, ACC)
-    if STATIC_K:
-        for k in tl.static_range(STATIC_K):
-            total, discount, is_open = _window_step(
-                k, t, rows, inside, is_open, total, discount, after, g_number, rewards, r_sr, r_st, next_values,
-                v_sr, v_st, terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st, gamma, g_sr, g_st, T, K,
-                HAS_TERM, HAS_TRUNC, DONE_MODE, GAMMA_TENSOR, ACC, True)
-    else:
-        k = 0
-        alive = 1
-        while (k < K) & (alive > 0):
-            total, discount, is_open = _window_step(
-                k, t, rows, inside, is_open, total, discount, after, g_number, rewards, r_sr, r_st, next_values,
-                v_sr, v_st, terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st, gamma, g_sr, g_st, T, K,
-                HAS_TERM, HAS_TRUNC, DONE_MODE, GAMMA_TENSOR, ACC, False)
-            alive = tl.max(tl.max(is_open.to(tl.int32), 1), 0)
-            k += 1
+    k = 0
+    alive = 1
+    while (k < K) & (alive > 0):
+        s = t + k
+        live = is_open
+        r = tl.load(rewards + rows * r_sr + s * r_st, mask=live, other=0.0).to(ACC)
+        total = tl.where(live, total + discount * r, total)
+        if DONE_MODE == 2:  # every done a termination
+            ended = tl.where(s == T - 1, after, _flag(done, d_sr, d_st, rows, s + 1, live & (s < T - 1)))
+            term = ended
+        else:
+            if HAS_TERM:
+                term = _flag(terminated, k_sr, k_st, rows, s, live)
+            else:
+                term = tl.zeros((BLOCK_R, BLOCK_T), tl.int1)
+            if DONE_MODE == 0:
+                ended = _flag(done, d_sr, d_st, rows, s, live)
+            elif HAS_TRUNC:
+                ended = term | _flag(truncated, u_sr, u_st, rows, s, live)
+            else:
+                ended = term
+        if GAMMA_TENSOR:
+            g = tl.load(gamma + rows * g_sr + s * g_st, mask=live, other=0.0).to(ACC)
+        else:
+            g = g_number
+        # the window's last step, unless it terminates: the bootstrap from its own next value (k = K - 1
+        # spelt as a comparison of tensors: the interpreter widens a scalar's to int32)
+        boot = live & ~term & (ended | (s == t + (K - 1)) | (s == T - 1))
+        nv = tl.load(next_values + rows * v_sr + s * v_st, mask=boot, other=0.0).to(ACC)
+        total = tl.where(boot, total + discount * g * nv, total)
+        discount = tl.where(live, discount * g, discount)
+        is_open = live & ~term & ~boot
+        alive = tl.max(tl.max(is_open.to(tl.int32), 1), 0)
+        k += 1
     tl.store(out + rows * o_sr + t * o_st, total.to(out.dtype.element_ty), mask=inside)
 
 
 # the kernel's tensor inputs in its order, each followed by its strides (last_done: one)
 _TENSORS = ("rewards", "next_values", "terminated", "done", "truncated", "last_done", "gamma")
-_CONSTEXPRS = ("HAS_TERM", "HAS_TRUNC", "DONE_MODE", "GAMMA_TENSOR", "ACC", "BLOCK_R", "BLOCK_T", "STATIC_K")
+_CONSTEXPRS = ("HAS_TERM", "HAS_TRUNC", "DONE_MODE", "GAMMA_TENSOR", "ACC", "BLOCK_R", "BLOCK_T")
 
 
 class Launch:
@@ -176,8 +136,7 @@ class Launch:
         gamma = args.gamma
         self.constexprs = dict(HAS_TERM=args.terminated is not None, HAS_TRUNC=args.truncated is not None,
                                DONE_MODE=args.done_mode, GAMMA_TENSOR=isinstance(gamma, torch.Tensor),
-                               ACC=tl.float64 if acc64 else tl.float32, BLOCK_R=block_r, BLOCK_T=block_t,
-                               STATIC_K=min(args.n, T) if min(args.n, T) <= MAX_STATIC_K else 0)
+                               ACC=tl.float64 if acc64 else tl.float32, BLOCK_R=block_r, BLOCK_T=block_t)
         # the kernel's arguments after the tensors' (gamma's value, the output's strides, the
         # sizes), and the constexprs in its order (a compiled kernel's launcher takes them too)
         number = 0.0 if isinstance(gamma, torch.Tensor) else float(gamma) if acc64 else _scalar(gamma)
