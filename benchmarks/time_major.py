@@ -23,8 +23,8 @@ one is marked ``MISS`` (the exit status stays 0 for misses).
 ``--force KEY=VAL,...`` times the time-major call under ``kernels.forced_plan`` (keys:
 block_r, block_t, n_seg, num_warps, walk, vec, warps, prev_mem, time_major); the batch-major call keeps
 its plan. ``--sweep`` times each of ``--candidates`` (``;``-separated forced plans; by default
-the regime off and eight WALK and scan-tile plans) on the time-major call of every cell, each checked first, and
-prints the best per cell beside the default plan.
+the regime off and eight WALK and scan-tile plans) on the time-major call of every cell, each
+checked first, and prints the best per cell beside the default plan.
 
 On the CPU (``--device cpu``, with ``TRITON_INTERPRET=1`` set before the run) the cells are
 checked and nothing is timed.
