@@ -281,13 +281,11 @@ _INT32_LIMIT = 2**31
 def _arg_template(kind, x, R: int, T: int, acc64: bool, device, pad_r: int, pad_t: int):
     """One argument in the engine's form, as far as it is fixed by the call's signature: for a
     tensor its strides (the data pointer is filled in per launch) and the offset its padded tiles
-    reach; constants as ``(None, value)``; absent inputs and modes as None. Returns (template,
-    key part, reach)."""
+    reach; numbers (coefficients and ``s`` thresholds alike) as ``(None, value)``, or in a float64
+    launch as a float64 broadcast tensor (a Python float would reach a compiled kernel as float32);
+    absent inputs and modes as None. Returns (template, key part, reach)."""
     if x is None or kind == "i" or kind == "b":  # direction is a constexpr
         return None, None, 0
-    if kind == "s":
-        value = _scalar(x)
-        return value, 1, 0
     if isinstance(x, torch.Tensor):
         strides = x.stride()
         if kind == "f3":

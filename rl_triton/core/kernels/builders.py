@@ -93,6 +93,13 @@ def _clip(x, bar):
 
 
 @triton.jit
+def _clip_at(x, bar, rows, t, mask, ACC: tl.constexpr):
+    """min(x, bar) for a threshold argument ``bar`` (a number in the engine's coefficient form, so
+    exact in a float64 launch)."""
+    return _clip(x, coef(bar, rows, t, mask, ACC))
+
+
+@triton.jit
 def _kl_reward(r, ins, KL: tl.constexpr, rows, t, mask, ACC: tl.constexpr):
     """r - coef*kl, the KL-shaped reward (docs/semantics.md, section 13.1), from the group
     spec.KL, which starts at position KL of ``ins``: the log-probs, the reference log-probs, then
@@ -291,10 +298,10 @@ def vtrace_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     nterm, ndone = _flags(ins, VTRACE.terminated, rows, t, mask, T, ACC)
     g = coef(ins[VTRACE.gamma], rows, t, mask, ACC)
     ratio = tl.exp(load(ins[VTRACE.log_pi], rows, t, mask, ACC) - load(ins[VTRACE.log_mu], rows, t, mask, ACC))
-    rho = _clip(ratio, ins[VTRACE.rho_bar])
-    c = coef(ins[VTRACE.lmbda], rows, t, mask, ACC) * _clip(ratio, ins[VTRACE.c_bar])
+    rho = _clip_at(ratio, ins[VTRACE.rho_bar], rows, t, mask, ACC)
+    c = coef(ins[VTRACE.lmbda], rows, t, mask, ACC) * _clip_at(ratio, ins[VTRACE.c_bar], rows, t, mask, ACC)
     alpha, beta = _vtrace(r, v, nv, nterm, ndone, g, rho, c)
-    return alpha, beta, (r, v, nv, nterm, ndone, g, _clip(ratio, ins[VTRACE.rho_bar_pg]))
+    return alpha, beta, (r, v, nv, nterm, ndone, g, _clip_at(ratio, ins[VTRACE.rho_bar_pg], rows, t, mask, ACC))
 
 
 @part(spec.VTRACE, "store")
@@ -352,7 +359,8 @@ def arrival_gae_build(ins, rows, t, mask, T, ACC: tl.constexpr):
     g = coef(ins[ARRIVAL_GAE.gamma], rows, t, mask, ACC)
     l = coef(ins[ARRIVAL_GAE.lmbda], rows, t, mask, ACC)
     alpha, beta = _arrival_gae(r_next, load(ins[ARRIVAL_GAE.values], rows, t, mask, ACC), v_next, ndone, g, l,
-                               _clip(ratio, ins[ARRIVAL_GAE.rho_bar]), _clip(ratio, ins[ARRIVAL_GAE.c_bar]))
+                               _clip_at(ratio, ins[ARRIVAL_GAE.rho_bar], rows, t, mask, ACC),
+                               _clip_at(ratio, ins[ARRIVAL_GAE.c_bar], rows, t, mask, ACC))
     return tl.where(last, 0.0, alpha), tl.where(last, 1.0, beta), 0
 
 
@@ -366,14 +374,14 @@ def arrival_gae_init(ins, rows, rmask, T, ACC: tl.constexpr):
 @triton.jit
 def arrival_gae_store(ins, outs, rows, t, mask, y, y_prev, ctx, T, ACC: tl.constexpr):
     # the last column only where write_last is set (PufferLib leaves it as it was)
-    keep = mask & ((t < T - 1)[None, :] | (ins[ARRIVAL_GAE.write_last] != 0))
+    keep = mask & ((t < T - 1)[None, :] | (coef(ins[ARRIVAL_GAE.write_last], rows, t, mask, ACC) != 0))
     store(outs[ARRIVAL_GAE.advantages], rows, t, keep, y)
 
 
 @triton.jit
 def _trace_coef(ins, rows, t, mask, ACC: tl.constexpr):
     ratio = tl.exp(load(ins[RETRACE.log_pi], rows, t, mask, ACC) - load(ins[RETRACE.log_mu], rows, t, mask, ACC))
-    return coef(ins[RETRACE.lmbda], rows, t, mask, ACC) * _clip(ratio, ins[RETRACE.c_bar])
+    return coef(ins[RETRACE.lmbda], rows, t, mask, ACC) * _clip_at(ratio, ins[RETRACE.c_bar], rows, t, mask, ACC)
 
 
 @part(spec.RETRACE, "build")
