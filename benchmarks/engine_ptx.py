@@ -149,7 +149,8 @@ def _chunk(torch, R, width, call):
 
 def collect(root: str | None, only: str = "", time_major_regime: bool = False) -> dict:
     """{call: [PTX of each launch]} (or an error text) for this checkout or ``root``; ``only``:
-    the calls whose name contains it; ``time_major_regime``: kernels.TIME_MAJOR_REGIME on."""
+    the calls whose name contains it; ``time_major_regime``: the time-major regime for every
+    time-major call, whatever its shape."""
     if root:
         sys.path.insert(0, root)
     import torch
@@ -176,6 +177,7 @@ def collect(root: str | None, only: str = "", time_major_regime: bool = False) -
     kernels._multiprocessors = lambda device: MULTIPROCESSORS
     if time_major_regime:  # the time-major plan and the engine's WALK regime for time-major calls
         kernels.TIME_MAJOR_REGIME = True
+        kernels.time_major_regime_wins = lambda R, T: True
     captured = []
 
     class Compile:
@@ -272,7 +274,8 @@ def main():
     p.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two --json files")
     p.add_argument("--only", default="", help="compile the calls whose name contains this")
     p.add_argument("--time-major-regime", action="store_true",
-                   help="switch kernels.TIME_MAJOR_REGIME on (off by default in the library)")
+                   help="the time-major regime for every time-major call (the library takes it where "
+                        "kernels.time_major_regime_wins says)")
     args = p.parse_args()
     if args.compare:
         return compare(*args.compare)

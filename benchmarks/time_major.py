@@ -67,14 +67,14 @@ ALGOS = {
 }
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10}
 TARGET_BATCH, TARGET_FLOOR, FLOOR_FROM_US = 1.15, 1.3, 10.0
-# the sweep's forced plans (besides the default): the regime off (the lane plan time-major data
-# gets without it), WALK 2 with chunks of 8 steps, WALK 3 (a chunk from registers) with chunks of
-# 8 and 16, WALK 4 (a chunk ahead) with chunks of 8 (16 takes triton 3.6 about 24 s a kernel to
-# compile), of 8 at one warp a program and splitting time for 1056 warps (eight per
-# multiprocessor on the H200), and the scan across the lanes of tiles, of one warp and of 32
-# rows x 64 steps in four warps
-CANDIDATES = ("time_major=0;walk=2,block_t=8;walk=3,block_t=8;walk=3,block_t=16;walk=4,block_t=8;"
-              "walk=4,block_t=8,block_r=32;walk=4,block_t=8,warps=1056;walk=0;walk=0,block_r=32,block_t=64,num_warps=4")
+# the sweep's forced plans (besides the default, WALK 3 of 32 rows and 8 steps): the regime off
+# (the plan of every layout), WALK 2 with chunks of 8 steps, WALK 3 with chunks of 16, of 256 rows
+# and 16 steps, and splitting time for 1056 and 2112 warps (eight and sixteen per multiprocessor
+# on the H200), WALK 4 (a chunk ahead) with chunks of 8 (16 takes triton 3.6 about 24 s a kernel
+# to compile), and the scan across the lanes of tiles, of one warp and of 32 rows x 64 steps in
+# four warps
+CANDIDATES = ("time_major=0;walk=2,block_t=8;walk=3,block_t=16;walk=3,block_r=256,block_t=16;walk=3,warps=1056;"
+              "walk=3,warps=2112;walk=4,block_t=8;walk=0;walk=0,block_r=32,block_t=64,num_warps=4")
 DEFAULT_ALGOS = "gae,vtrace,masked_gae,affine_scan_forward"  # reverse, y one step back, two-state, forward
 SWEEP_ALGOS = "gae"
 
@@ -292,17 +292,27 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="time --candidates on the time-major call of each cell")
     p.add_argument("--candidates", default=CANDIDATES, help="--sweep: forced plans, ';'-separated")
     p.add_argument("--md", help="write the table here")
-    p.add_argument("--regime", default="on", choices=["on", "off"],
-                   help="kernels.TIME_MAJOR_REGIME for this run (the library's default is off until the regime "
-                        "is timed on an H200); off times the lane plan time-major data gets today")
+    p.add_argument("--regime", choices=["default", "on", "off"],
+                   help="the time-major regime for this run: default, the library's rule "
+                        "(kernels.time_major_regime_wins); on, at every shape; off, the plan of every layout "
+                        "(kernels.TIME_MAJOR_REGIME off). Default: on with --sweep, else default")
     args = p.parse_args(argv)
-    previous, kernels.TIME_MAJOR_REGIME = kernels.TIME_MAJOR_REGIME, args.regime == "on"
+    args.regime = args.regime or ("on" if args.sweep else "default")
+    previous = kernels.TIME_MAJOR_REGIME, kernels.time_major_regime_wins
+    kernels.TIME_MAJOR_REGIME = args.regime != "off"
+    if args.regime == "on":
+        kernels.time_major_regime_wins = _always
     plans.clear()  # no call plan made under the other setting
     try:
         return _run(args)
     finally:
-        kernels.TIME_MAJOR_REGIME = previous
+        kernels.TIME_MAJOR_REGIME, kernels.time_major_regime_wins = previous
         plans.clear()
+
+
+def _always(R: int, T: int) -> bool:
+    """``--regime on``: the time-major regime at every shape."""
+    return True
 
 
 def _run(args) -> int:
@@ -327,7 +337,7 @@ def _run(args) -> int:
         lines = [f"CPU, Triton interpreter: checks only, {args.dtype}"]
     forced = parse_plan(args.force)
     candidates = [parse_plan(c) for c in args.candidates.split(";") if c.strip()]
-    lines.append(f"time-major regime (kernels.TIME_MAJOR_REGIME): {args.regime}")
+    lines.append(f"time-major regime: {args.regime}")
     if forced:
         lines.append(f"time-major calls forced: {forced}")
     lines += [""] + (["| algorithm | T x N | candidate | plan | time-major us | batch-major us | time / batch |",

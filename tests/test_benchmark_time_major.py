@@ -19,29 +19,32 @@ tm = importlib.import_module("time_major")
 
 @pytest.fixture
 def regime_on(monkeypatch):
-    """The time-major regime switched on (``main`` switches it per run; the functions driven
-    directly here need it set), with no plan kept from before."""
+    """The time-major regime at every shape (``main --regime on``; the functions driven directly
+    here need it set), with no plan kept from before."""
     from rl_triton.core import plans
 
-    monkeypatch.setattr(kernels, "TIME_MAJOR_REGIME", True)
+    monkeypatch.setattr(kernels, "time_major_regime_wins", tm._always)
     plans.clear()
     yield
     plans.clear()
 
 
 def test_every_algorithm_is_checked_in_both_layouts(capsys):
-    assert tm.main(["--device", "cpu", "--shapes", "6x5", "--algos", "all"]) == 0
+    assert tm.main(["--device", "cpu", "--shapes", "6x5", "--algos", "all", "--regime", "on"]) == 0
     out = capsys.readouterr().out
     for algo in tm.ALGOS:
-        assert f"| {algo} | 6x5 | walk2 " in out and "checked (" in out
+        assert f"| {algo} | 6x5 | walk3 " in out and "checked (" in out  # the two-state scan walks it as 1
 
 
-def test_the_regime_switch(capsys):
-    """``--regime off`` times the plan time-major data gets with the regime off (no WALK)."""
-    assert tm.main(["--device", "cpu", "--shapes", "6x5", "--algos", "gae", "--regime", "off"]) == 0
+@pytest.mark.parametrize("regime", ["off", "default"])
+def test_the_regime_switch(capsys, regime):
+    """``--regime off`` times the plan of every layout, as does the library's rule (the default)
+    at 5 environments; the library's settings are restored after the run."""
+    assert tm.main(["--device", "cpu", "--shapes", "6x5", "--algos", "gae", "--regime", regime]) == 0
     out = capsys.readouterr().out
-    assert "TIME_MAJOR_REGIME): off" in out and "| gae | 6x5 | lanes " in out and "walk" not in out
-    assert not kernels.TIME_MAJOR_REGIME  # the library's default restored
+    assert f"time-major regime: {regime}" in out and "| gae | 6x5 | lanes " in out and "walk" not in out
+    assert kernels.TIME_MAJOR_REGIME and kernels.time_major_regime_wins(16, 512)
+    assert not kernels.time_major_regime_wins(15, 512)
 
 
 def test_a_wrong_cell_fails_the_run(monkeypatch, capsys):
@@ -80,7 +83,7 @@ def test_sweep_marks_the_fastest_candidate(regime_on):
     candidates = [dict(walk=1), dict(walk=0, block_r=4, block_t=8)]
     lines, results = tm.sweep(cell, lambda fn: next(times), candidates, 1e-4, None)
     assert [r["status"] for r in results] == ["ok"] * 3
-    assert [r["plan"].split()[0] for r in results] == ["walk2", "walk1", "lanes"]
+    assert [r["plan"].split()[0] for r in results] == ["walk3", "walk1", "lanes"]
     assert "(best)" in lines[1] and lines[-1].startswith("best for vtrace 5x8: walk=1 8.00 us")
 
 

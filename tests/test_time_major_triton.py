@@ -46,23 +46,44 @@ def _planned():
 
 @pytest.fixture(autouse=True)
 def _regime_on(monkeypatch):
-    """The time-major regime switched on (kernels.TIME_MAJOR_REGIME, off by default until timed on
-    a GPU), with no plan kept from before."""
-    monkeypatch.setattr(kernels, "TIME_MAJOR_REGIME", True)
+    """The time-major regime taken at the tests' small shapes (kernels.time_major_regime_wins
+    keeps it for large ones), with no plan kept from before."""
+    monkeypatch.setattr(kernels, "time_major_regime_wins", lambda R, T: True)
     monkeypatch.setattr(kernels, "_launches", {})
     rl_triton.core.plans.clear()
     yield
     rl_triton.core.plans.clear()
 
 
-def test_the_regime_is_off_by_default(monkeypatch):
-    """With the switch at its default, time-major data keeps the lane plan of every layout."""
-    monkeypatch.setattr(kernels, "TIME_MAJOR_REGIME", False)
+def _plans_seen(monkeypatch, problem) -> list:
+    """The ``(R, T)`` of every time-major plan made while ``problem`` runs on the planned path."""
     seen = []
     real = kernels.time_major_plan
     monkeypatch.setattr(kernels, "time_major_plan", lambda *a: seen.append(a[:2]) or real(*a))
-    _check(_problem("gae", seed=3), None)
-    assert seen == []
+    _check(problem, None)
+    return seen
+
+
+def test_the_switch_off_keeps_the_lane_plan(monkeypatch):
+    """With kernels.TIME_MAJOR_REGIME off, time-major data keeps the plan of every layout."""
+    monkeypatch.setattr(kernels, "TIME_MAJOR_REGIME", False)
+    assert _plans_seen(monkeypatch, _problem("gae", seed=3)) == []
+
+
+def test_the_regime_where_it_wins(monkeypatch):
+    """The default rule: the regime from 16 environments and 512 steps, or 16384 environments;
+    the plan of every layout below (the measured table in kernels.time_major_regime_wins)."""
+    monkeypatch.undo()
+    wins = kernels.time_major_regime_wins
+    taken = {(N, T): wins(N, T) for T, N in ((24, 4096), (128, 1024), (256, 256), (2048, 8), (2048, 64),
+                                             (512, 4096), (32, 65536), (128, 65536), (32768, 256), (512, 15))}
+    assert [k for k, v in taken.items() if v] == [(64, 2048), (4096, 512), (65536, 32), (65536, 128), (256, 32768)]
+    monkeypatch.setattr(kernels, "_launches", {})
+    assert _plans_seen(monkeypatch, _problem("gae", seed=3)) == []  # 5 environments of 7 steps
+    monkeypatch.setattr(kernels, "time_major_regime_wins", lambda R, T: R == N)
+    monkeypatch.setattr(kernels, "_launches", {})
+    rl_triton.core.plans.clear()
+    assert _plans_seen(monkeypatch, _problem("gae", seed=3)) == [(N, T)]
 
 
 @pytest.mark.parametrize("plan", list(PLANS), ids=list(PLANS))
@@ -132,7 +153,7 @@ def test_masked_gae_time_major(mode, plan):
 
 
 def test_plan_follows_the_strides(monkeypatch):
-    """time_dim=0 on ``[T, N]`` plans with time_major_plan (WALK, two passes a chunk); the same
+    """time_dim=0 on ``[T, N]`` plans with time_major_plan (WALK from registers); the same
     data batch-major does not; forced ``walk`` reaches the other regimes."""
     seen = []
     real = kernels.time_major_plan
@@ -149,22 +170,21 @@ def test_plan_follows_the_strides(monkeypatch):
                                        time_major=True)
         return c.constexprs[0][-2], c.constexprs[0][9]  # WALK, VEC
 
-    assert regime() == (2, 0) and regime(walk=1) == (1, 0) and regime(walk=0) == (0, 0)  # natural lanes
+    assert regime() == (3, 0) and regime(walk=2) == (2, 0) and regime(walk=0) == (0, 0)  # natural lanes
 
 
 def test_time_major_plan_shapes():
-    """WALK: 32 rows a warp, up to 8 warps a program while the programs stay twice the
-    multiprocessors, chunks of 16 steps, time split where the warps are fewer than four times
-    the multiprocessors, into no more segments than leave 64 maps a thread. Natural lanes: one
-    warp of 128 rows (float32; 64 in float64), chunks of 8 steps."""
+    """WALK from registers: 32 rows, one warp, a program, chunks of 8 steps, time split where the
+    warps are fewer than four times the multiprocessors, into no more segments than leave 64 maps
+    a thread. Natural lanes: one warp of 128 rows (float32; 64 in float64), chunks of 8 steps."""
     cpu = torch.device("cpu")  # 4 multiprocessors stand in (kernels._multiprocessors)
     block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(65536, 128, False, cpu)
-    assert walk == 2 and (block_r, block_t, n_seg, num_warps) == (256, 16, 1, 8)
+    assert walk == 3 and (block_r, block_t, n_seg, num_warps) == (32, 8, 1, 1)
     block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(8, 2048, False, cpu)
     assert block_r == 8 and num_warps == 1 and n_seg == 16 and n_seg * seg_chunks * block_t >= 2048
-    assert kernels.time_major_plan(256, 1024, False, cpu)[:3] == (32, 16, 2)  # 8 warps of 16: split in 2
+    assert kernels.time_major_plan(256, 1024, True, cpu)[:3] == (32, 8, 2)  # 8 warps of 16: split in 2
     block_r, block_t, n_seg, seg_chunks, num_warps, _, walk = kernels.time_major_plan(512, 1024, False, cpu)
-    assert (block_r, n_seg, num_warps) == (64, 1, 2)  # 8 programs of 2 warps: no split
+    assert (block_r, n_seg, num_warps) == (32, 1, 1)  # 16 programs of a warp: no split
     with kernels.forced_plan(warps=4096):
         assert kernels.time_major_plan(32, 1 << 20, False, cpu)[2] == 64  # 64 maps a thread: 32 x 64 in a warp
     with kernels.forced_plan(walk=0):
@@ -174,7 +194,7 @@ def test_time_major_plan_shapes():
 
 
 def _sharded_worker(rank, world, group):
-    kernels.TIME_MAJOR_REGIME = True  # a spawned process: the fixture's switch does not reach it
+    kernels.time_major_regime_wins = lambda R, T: True  # a spawned process: the fixture's does not reach it
     planned = []
     real = kernels.time_major_plan
     kernels.time_major_plan = lambda *a: planned.append(a) or real(*a)

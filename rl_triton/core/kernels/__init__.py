@@ -50,10 +50,11 @@ TILE = 512
 NO_MOMENTS = (None, None, None)
 MAX_SEGMENTS = 1024
 # The time-major regime (:func:`time_major_plan`) for launches whose rows lie closer together
-# than their steps: off until its device time is measured on an H200 (benchmarks/time_major.py
-# times it). ``forced_plan(time_major=1)`` turns it on for one block, this switch for every
-# launch planned after it is set (call plans keep theirs: ``plans.clear()``).
-TIME_MAJOR_REGIME = False
+# than their steps, where :func:`time_major_regime_wins` says it beats the plan of every layout.
+# ``forced_plan(time_major=1)`` turns it on for one block whatever the shape; this switch off
+# keeps the plan of every layout for every launch planned after it is set (call plans keep
+# theirs: ``plans.clear()``).
+TIME_MAJOR_REGIME = True
 _forced: dict = {}
 
 
@@ -132,15 +133,26 @@ def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = Tr
     return block_r, block_t, n_seg, seg_chunks, num_warps, seg_block
 
 
+def time_major_regime_wins(R: int, T: int) -> bool:
+    """Whether time-major data of R rows (environments) and T steps takes the time-major regime:
+    16 rows or more, and 512 steps or more or 16384 rows or more. Elsewhere the plan of every
+    layout, reading the rows with their strides, is faster (H200, GAE with done flags, float32,
+    device time: regime off 5.97 against 7.49 us at 2048x8, 2.31 against 2.82 at 24x4096, 3.46
+    against 6.09 at 128x1024, 3.94 against 5.84 at 256x256; the regime 9.00 against 11.37 at
+    2048x64, 21.3 against 119 at 512x4096, 8.72 against 11.10 at 32x65536, T x N)."""
+    return R >= 16 and (T >= 512 or R >= 16384)
+
+
 def time_major_plan(R: int, T: int, float64: bool, device: torch.device):
     """(BLOCK_R, BLOCK_T, n_seg, chunks per segment, num_warps, SEG_BLOCK, WALK) for R rows of T
     steps whose rows are contiguous (time-major data, ``[T, N]`` with N = R): the rows across the
     lanes, so that each step reads ``BLOCK_R`` neighbouring values.
 
-    By default the engine's WALK regime (``_walk``), two passes a chunk (``WALK = 2``; forced
-    ``walk=1``: one): one step at a time, chunks of 16 steps (8 in float64), 32 rows a warp, as
-    many rows a program (up to 256, in 8 warps) as leave twice the multiprocessors' programs;
-    the time axis splits into segments where the rows' warps are fewer than four times the
+    By default the engine's WALK regime (``_walk``) with a chunk's loads gathered into registers
+    before its stores (``WALK = 3``; forced ``walk=2``: two passes a chunk, ``1``: one pass,
+    ``4``: the next chunk's loads ahead): one step at a time, chunks of 8 steps, 32 rows (one
+    warp) a program; forced ``block_r`` takes more rows a program, in a warp per 32 rows up to 8.
+    The time axis splits into segments where the rows' warps are fewer than four times the
     multiprocessors. Forced ``walk=0``: the engine's scan across the lanes of tiles of one warp,
     a 16-byte load for each of 32 threads along the rows (128 rows in float32, 64 in float64),
     chunks of 8 steps (Triton lays the rows out fastest across the threads and scans each row's
@@ -148,12 +160,14 @@ def time_major_plan(R: int, T: int, float64: bool, device: torch.device):
     warps are fewer than twice the multiprocessors. Forced ``warps`` sets that target. The
     two-state scan splits too (the batch-major plan keeps its rows whole), and no split leaves
     more than 64 maps a thread to fold in phase 2."""
-    walk = int(_forced.get("walk", 2))
+    walk = int(_forced.get("walk", 3))
     sms = _multiprocessors(device)
     target = _forced.get("warps") or (4 if walk else 2) * sms
     if walk:
-        block_t = _forced.get("block_t") or min(_pow2(T), 8 if float64 else 16)
-        block_r = _forced.get("block_r") or min(_pow2(R), max(32, min(256, _pow2(_cdiv(R, 2 * sms)))))
+        # H200, GAE: 32 rows of 8-step chunks the fastest WALK plan at every shape of issue 39
+        # (docs/benchmarks.md, Time-major rollouts); 256 rows or 16 steps 1.3-1.8x slower
+        block_t = _forced.get("block_t") or min(_pow2(T), 8)
+        block_r = _forced.get("block_r") or min(_pow2(R), 32)
         num_warps = _forced.get("num_warps") or max(1, min(8, block_r // 32))
     else:
         rows_per_warp = 32 * (2 if float64 else 4)  # a 16-byte load per thread
@@ -219,7 +233,7 @@ def _launch_config(algo: spec.Algorithm, R: int, T: int, acc64: bool, reverse: b
     """The launch of ``algo`` on R rows of T steps, cached per shape class; ``exact_outputs``:
     the outputs hold the accumulation dtype (an epilogue may then read y back from them);
     ``time_major``: the rows lie closer together than the steps (:func:`time_major_plan`)."""
-    time_major = time_major and TIME_MAJOR_REGIME
+    time_major = time_major and TIME_MAJOR_REGIME and time_major_regime_wins(R, T)
     key = (algo.name, R, T, acc64, reverse, streams, device, exact_outputs, time_major)
     config = None if _forced else _launches.get(key)
     if config is None:
