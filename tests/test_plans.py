@@ -522,3 +522,32 @@ def test_every_drawn_case_repeats_exactly(name, backend):
                 torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
     repeats()
+
+
+@pytest.mark.parametrize("time_dim", [0, -1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("given", [False, True], ids=["fresh", "out"])
+@pytest.mark.parametrize("options", [dict(eps_mode="std"), {}, dict(unbiased=False, eps_mode="clamp"),
+                                     dict(scale=False), dict(shift_mean=False, eps=0.3)])
+def test_whitened_calls_keep_a_plan_on_numba(options, given, dtype, time_dim, monkeypatch):
+    """``gae(whiten=...)`` without a mask on the numba backend (rsl_rl's, skrl's and rl_games'
+    normalisation): the first call of a signature leaves a plan, the scan then one whitening
+    kernel, which the next calls run with their new values; every result against the float64
+    oracle's advantages whitened by the oracle's ``masked_whiten`` (the value targets from the
+    advantages before the whitening)."""
+    from rl_triton.testing import oracle
+
+    runs = []
+    reducing = plans.Plan._reducing
+    monkeypatch.setattr(plans.Plan, "_reducing", lambda self, *a, **k: runs.append("plan") or reducing(self, *a, **k))
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    for seed in range(3):
+        p = make("gae", (6, 40), "done", seed=seed, dtype=dtype, time_dim=time_dim)
+        outs = tuple(torch.full(p.args[0].shape, float("nan"), dtype=dtype) for _ in range(2)) if given else None
+        got = p.call("cpu", whiten=options, out=outs)
+        if given:
+            assert all(g is o for g, o in zip(got, outs))
+        adv, targets = p.expected()
+        for g, w in zip(got, (oracle.masked_whiten(adv, **options), targets)):
+            np.testing.assert_allclose(g.double().numpy(), w, rtol=tol, atol=tol)
+    assert len(_plans()) == 1 and runs == ["plan"] * 3

@@ -217,12 +217,14 @@ def _launch_whitened(bound, mask, options):
     signature's plan launches in two launches where the outputs allow (dense advantages, no
     ``out=`` overlapping an input, rl_triton/core/whiten.py's ``scan_accepts``): the scan,
     which also reduces the advantages it writes tile by tile into partial moments, then the
-    fold of those and the normalisation. Elsewhere the outputs of the scan's launch followed by
-    :func:`masked_whiten`."""
+    fold of those and the normalisation. On the numba backend without a mask, likewise a bound
+    call that a plan serves: the scan, then one whitening kernel over the advantages
+    (``flat_accepts``: where they are dense). Elsewhere the outputs of the scan's launch
+    followed by :func:`masked_whiten`."""
     c, algo, _, _ = bound
-    if c.backend == "triton" and options.get("group") is None and c.chunk is None \
-            and not torch.compiler.is_compiling():
-        output, flag = algo.at.advantages, None if mask is None else "mask"
+    alone = options.get("group") is None and c.chunk is None and not torch.compiler.is_compiling()
+    output, flag = algo.at.advantages, None if mask is None else "mask"
+    if c.backend == "triton" and alone:
 
         def run(args):
             results = None if any(c.aliased) else whitening.scan_whitened(algo, args, c.rows, c.out, output, flag,
@@ -231,6 +233,13 @@ def _launch_whitened(bound, mask, options):
 
         return bound._replace(reduce=Reduce(output, flag, functools.partial(whitening.scan_accepts, output),
                                             whitening.whitener(output, options), run))
+    if c.backend == "cpu" and alone and mask is None:
+        # numba: the scan, then one whitening kernel over the advantages; the signature keeps a plan
+        def run_cpu(args):
+            return _whitened(c._launch(algo, args), None, options, c.backend)
+
+        return bound._replace(reduce=Reduce(output, None, functools.partial(whitening.flat_accepts, output),
+                                            whitening.flat_whitener(output, options), run_cpu))
     c.plannable = False  # the call is more than its launch
     return _whitened(launch_bound(bound, None), mask, options, c.backend)
 

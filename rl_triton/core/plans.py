@@ -170,7 +170,9 @@ class Reduce(NamedTuple):
     rl_triton/core/whiten.py). A plan keeps ``output``, ``flag``, ``accepts`` and ``finish``,
     which hold no tensor of a call: ``accepts(launch, outputs)`` says whether a signature's
     calls take this path (a plan of it is made), ``finish`` runs after each of its launches.
-    ``run(args)`` serves a call without a plan (its own tensors; ``args``: ``algo.Args``)."""
+    ``run(args)`` serves a call without a plan (its own tensors; ``args``: ``algo.Args``). On
+    the numba backend the launch reduces nothing and ``finish(outputs, None)`` makes its own
+    pass over the output."""
     output: int
     flag: str | None
     accepts: object
@@ -469,11 +471,15 @@ class Plan:
         """The launch that reduces an output into partial moments (``Reduce``), then its finish;
         ``direct_only``: None, nothing launched, where the launch from data pointers cannot run."""
         output, finish = self.reduce
-        parts = torch.empty(self.launch.tiles, 3, dtype=torch.float64, device=self.device)
-        if not (self.pointers and self.launch.launch_direct(self.data_pointers(sources, outs), parts.data_ptr())):
-            if direct_only:
-                return None
-            self.launch.launch(*self.kernel_views(sources, outs, views), parts)
+        if self.arrays is not None:  # numba: the scan, then the finish's own pass (no partials)
+            self._launch(sources, outs, views)
+            parts = None
+        else:
+            parts = torch.empty(self.launch.tiles, 3, dtype=torch.float64, device=self.device)
+            if not (self.pointers and self.launch.launch_direct(self.data_pointers(sources, outs), parts.data_ptr())):
+                if direct_only:
+                    return None
+                self.launch.launch(*self.kernel_views(sources, outs, views), parts)
         finish(outs, parts)
         if self.hit is None:
             self.hit = self._reducing_hit

@@ -363,6 +363,29 @@ def _whiten_output(outputs, parts, output, unbiased, shift_mean, scale, eps, eps
     normalize(flat, flat, parts, unbiased, shift_mean, scale, eps, eps_mode)
 
 
+def flat_accepts(output: int, launch, outputs) -> bool:
+    """Whether a numba scan's call plan whitens output ``output`` with :func:`flat_whitener`:
+    where that output is dense (``cpu.same_dense_layout``)."""
+    x = outputs[output]
+    return cpu.same_dense_layout(x, x)
+
+
+def flat_whitener(output: int, options: dict):
+    """``finish(outputs, parts)`` of a numba scan's call plan (``parts`` unused): output
+    ``output`` (:func:`flat_accepts`) whitened in place as :func:`masked_whiten` with
+    ``options`` (its keywords, no group, no mask) whitens it, in one kernel."""
+    eps = check_whiten_options(**options)
+    return functools.partial(_whiten_flat, output=output, unbiased=options.get("unbiased", True),
+                             shift_mean=options.get("shift_mean", True), scale=options.get("scale", True), eps=eps,
+                             eps_mode=EPS_MODES.index(options.get("eps_mode", "add")))
+
+
+def _whiten_flat(outputs, parts, output, unbiased, shift_mean, scale, eps, eps_mode):
+    x = outputs[output]
+    if x.numel():
+        cpu.whiten_flat(x, x, unbiased, shift_mean, scale, eps, eps_mode)
+
+
 def _dense_flat(x: torch.Tensor) -> torch.Tensor | None:
     """A 1-D view of the memory of ``x`` where its elements fill it without gaps (contiguous in
     some order of its dims), else None."""
