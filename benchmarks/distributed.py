@@ -201,8 +201,8 @@ def launches(fn) -> int:
 def relative_error(got, want) -> float:
     """The largest |got - want| / (1 + |want|) over the outputs (on the CPU: the oracle's are
     there, a GPU run's on the GPU)."""
-    return max(((g.double().cpu() - w.double().cpu()).abs() / (1 + w.double().cpu().abs())).max().item()
-               for g, w in zip(got, want))
+    pairs = ((g.double().cpu(), w.double().cpu()) for g, w in zip(got, want))
+    return max(((g - w).abs() / (1 + w.abs())).max().item() for g, w in pairs)
 
 
 def failures(rows, dtype: str) -> list:

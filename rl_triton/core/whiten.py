@@ -352,10 +352,15 @@ def whitener(output: int, options: dict):
     """``finish(outputs, parts)``: output ``output`` (dense) whitened in place with the
     statistics of the partials ``parts`` (:func:`normalize`), ``options`` being
     :func:`masked_whiten`'s keywords (no group)."""
+    return functools.partial(_whiten_output, output=output, **_settings(options))
+
+
+def _settings(options: dict) -> dict:
+    """:func:`masked_whiten`'s keywords ``options`` (no group), checked, with their defaults
+    filled in: ``unbiased``, ``shift_mean``, ``scale``, ``eps`` and ``eps_mode``."""
     eps = check_whiten_options(**options)
-    return functools.partial(_whiten_output, output=output, unbiased=options.get("unbiased", True),
-                             shift_mean=options.get("shift_mean", True), scale=options.get("scale", True), eps=eps,
-                             eps_mode=options.get("eps_mode", "add"))
+    return dict(unbiased=options.get("unbiased", True), shift_mean=options.get("shift_mean", True),
+                scale=options.get("scale", True), eps=eps, eps_mode=options.get("eps_mode", "add"))
 
 
 def _whiten_output(outputs, parts, output, unbiased, shift_mean, scale, eps, eps_mode):
@@ -374,10 +379,9 @@ def flat_whitener(output: int, options: dict):
     """``finish(outputs, parts)`` of a numba scan's call plan (``parts`` unused): output
     ``output`` (:func:`flat_accepts`) whitened in place as :func:`masked_whiten` with
     ``options`` (its keywords, no group, no mask) whitens it, in one kernel."""
-    eps = check_whiten_options(**options)
-    return functools.partial(_whiten_flat, output=output, unbiased=options.get("unbiased", True),
-                             shift_mean=options.get("shift_mean", True), scale=options.get("scale", True), eps=eps,
-                             eps_mode=EPS_MODES.index(options.get("eps_mode", "add")))
+    settings = _settings(options)
+    settings["eps_mode"] = EPS_MODES.index(settings["eps_mode"])  # the numba kernel's mode number
+    return functools.partial(_whiten_flat, output=output, **settings)
 
 
 def _whiten_flat(outputs, parts, output, unbiased, shift_mean, scale, eps, eps_mode):
