@@ -28,7 +28,7 @@ from collections import OrderedDict
 import torch
 
 MAX_GRAPHS = 64
-_graphs: OrderedDict = OrderedDict()  # (signature key, data pointers): _Entry
+_graphs: OrderedDict = OrderedDict()  # (plan, its tensors' data pointers): _Entry
 _lock = threading.Lock()
 _SKIP = object()  # an entry whose capture failed: its calls stay on the plan's path
 
@@ -41,9 +41,12 @@ class _Entry:
         self.replay = None
 
 
-def enabled() -> bool:
-    """Whether ``RL_TRITON_GRAPHS`` turns the replays on (read on every call)."""
-    return (os.environ.get("RL_TRITON_GRAPHS") or "0").strip().lower() in ("1", "true", "on", "yes")
+def enabled(setting: str | None = None) -> bool:
+    """Whether ``RL_TRITON_GRAPHS`` turns the replays on: its value ``setting`` (the call's
+    ``inputs.env_state()`` holds it), read from the environment where not given."""
+    if setting is None:
+        setting = os.environ.get("RL_TRITON_GRAPHS")
+    return (setting or "0").strip().lower() in ("1", "true", "on", "yes")
 
 
 def clear() -> None:
@@ -63,48 +66,32 @@ def outputs_given(plan) -> bool:
     return all(make is None for make, *_ in plan.outputs)
 
 
-def _pointers(args, kwargs) -> tuple:
-    ptrs = []
-    for x in (*args, *kwargs.values()):
-        if type(x) is torch.Tensor:
-            ptrs.append(x.data_ptr())
-        elif type(x) is tuple or type(x) is list:
-            ptrs.extend(y.data_ptr() for y in x if type(y) is torch.Tensor)
-    return tuple(ptrs)
-
-
-def run(plan, key, args, kwargs):
-    """Serve a call of ``plan``'s signature ``key`` from a graph where it repeats; None where
-    the plan's path serves it (first occurrence, a failed precondition, replays off)."""
-    if not enabled() or not launch_ok(plan.device) or capturing():
-        return None
-    if plan.numbers or plan.checks:
-        values = dict(zip(plan.positional, args))
-        values.update(kwargs)
-        for name, value in plan.numbers:
-            if float(values[name]) != value:
-                return None
-        for check, names in plan.checks:
-            check(**{name: values[name] for name in names})
-    gkey = (key, _pointers(args, kwargs))
+def replay(plan, addresses: tuple, args, kwargs) -> bool:
+    """Serve a call of ``plan`` (its tensors at the data pointers ``addresses``, the arguments
+    ``args``/``kwargs``) from a graph where the same tensors come again: True where a graph ran
+    the call; False where the plan's path serves it (the first occurrence, a failed capture or
+    precondition). The caller (the plan's generated ``replayer``) has checked the call's
+    numbers and run its value checks."""
+    if not launch_ok(plan.device) or capturing():
+        return False
+    gkey = (plan, addresses)
     with _lock:
         entry = _graphs.get(gkey)
         if entry is None:
             if len(_graphs) >= MAX_GRAPHS:
                 _graphs.popitem(last=False)  # the least recently replayed
             _graphs[gkey] = _Entry()
-            return None
+            return False
         _graphs.move_to_end(gkey)
         entry.seen += 1
     if entry.replay is _SKIP:
-        return None
+        return False
     if entry.replay is None:
         entry.replay = capture(lambda: plan.hit(args, kwargs), plan.device) or _SKIP
         if entry.replay is _SKIP:
-            return None
+            return False
     entry.replay()
-    out = kwargs["out"] if "out" in kwargs else args[plan.positional.index("out")]
-    return out if plan.single else tuple(out)
+    return True
 
 
 def capturing() -> bool:

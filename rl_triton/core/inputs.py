@@ -32,7 +32,8 @@ def env(name: str) -> str | None:
 
 def env_state() -> tuple:
     """The values of the environment variables the library reads, for a call's signature."""
-    return os.environ.get("RL_TRITON_BACKEND"), os.environ.get("RL_TRITON_CHECK_VALUES")
+    return os.environ.get("RL_TRITON_BACKEND"), os.environ.get("RL_TRITON_CHECK_VALUES"), \
+        os.environ.get("RL_TRITON_GRAPHS")
 
 
 def value_checks_on(device: torch.device) -> bool:

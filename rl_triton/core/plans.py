@@ -103,7 +103,8 @@ def cached(fn, launch_bound):
     def call(*args, **kwargs):
         if torch.compiler.is_compiling() or len(args) > len(names) or launch.plan_forced():
             return full(*args, **kwargs)
-        key = [call, torch.is_grad_enabled(), inputs.env_state()]
+        env = inputs.env_state()
+        key = [call, torch.is_grad_enabled(), env]
         try:  # tensors and floats (the common arguments) inline; a float stands for itself
             for x in args:
                 t = type(x)
@@ -121,8 +122,8 @@ def cached(fn, launch_bound):
         if plan is _NO_PLAN:
             return full(*args, **kwargs)
         if plan is not None and plan.hit is not None:
-            if plan.graphable:
-                result = graphs.run(plan, key, args, kwargs)
+            if plan.graphable and graphs.enabled(env[2]):
+                result = plan.replayer(args, kwargs)
                 if result is not None:
                     return result
             result = plan.hit(args, kwargs)
@@ -312,6 +313,7 @@ class Plan:
         plan.arrays = [k for k in sorted({slot[1] for slot in slots}) if sources[k][1].dtype != torch.bfloat16
                        and not sources[k][1].requires_grad] if backend == "cpu" else None
         plan.single = len(outputs) == 1
+        plan.replayer = plan._generate_replayer() if plan.graphable else None
         # the launch's tensor positions, each from a caller tensor, an output or a constant
         if plan.pointers:
             # per tensor position of the launch: (index into sources + outputs + constants, offset)
@@ -387,17 +389,7 @@ class Plan:
         ``execute`` serves the call. None instead of a function where the Triton kernel is not
         compiled yet."""
         namespace = {}
-        lines, var = [], {}
-        for k, (name, i) in enumerate(self.sources):
-            where = f"args[{self.positional.index(name)}]" if name in self.positional else f"kwargs[{name!r}]"
-            lines.append(f"s{k} = {where}" + ("" if i is None else f"[{i}]"))
-            var[name, i] = f"s{k}"
-        for m, (name, value) in enumerate(self.numbers):
-            namespace[f"_n{m}"] = value
-            lines += [f"if float({var[name, None]}) != _n{m}:", "    return None"]
-        for m, (check, names) in enumerate(self.checks):
-            namespace[f"_check{m}"] = check
-            lines.append(f"_check{m}({', '.join(f'{name}={var[name, None]}' for name in names)})")
+        lines, var = self._argument_lines(namespace)
         for j, (make, i, *_) in enumerate(self.outputs):
             if make is None:
                 lines.append(f"o{j} = {var['out', None if self.single else i]}")
@@ -417,6 +409,41 @@ class Plan:
             return None
         results = ", ".join(f"o{j}" for j in range(len(self.outputs)))
         lines += launch + [f"return {results}" + ("" if self.single else ",")]
+        return self._compile(lines, namespace)
+
+    def _argument_lines(self, namespace):
+        """The lines of a generated hit function that take the caller's tensors from where this
+        signature puts them (``s0, s1, ...``), return None where a one-element tensor read as a
+        number holds another value now, and run the plan's checks; with the map from (argument
+        name, index in ``out``) to each tensor's variable."""
+        lines, var = [], {}
+        for k, (name, i) in enumerate(self.sources):
+            where = f"args[{self.positional.index(name)}]" if name in self.positional else f"kwargs[{name!r}]"
+            lines.append(f"s{k} = {where}" + ("" if i is None else f"[{i}]"))
+            var[name, i] = f"s{k}"
+        for m, (name, value) in enumerate(self.numbers):
+            namespace[f"_n{m}"] = value
+            lines += [f"if float({var[name, None]}) != _n{m}:", "    return None"]
+        for m, (check, names) in enumerate(self.checks):
+            namespace[f"_check{m}"] = check
+            lines.append(f"_check{m}({', '.join(f'{name}={var[name, None]}' for name in names)})")
+        return lines, var
+
+    def _generate_replayer(self):
+        """A function ``replayer(args, kwargs)`` serving a call of this plan's signature from a
+        CUDA graph (rl_triton/core/graphs.py, ``replay``) keyed by its tensors' data pointers:
+        the hit path's arguments and checks, then the replay; the outputs (every one given in
+        ``out=``), or None where the call is not replayed (``hit`` then serves it)."""
+        namespace = {"_replay": graphs.replay, "_plan": self}
+        lines, var = self._argument_lines(namespace)
+        addresses = "".join(f"s{k}.data_ptr(), " for k in range(len(self.sources)))
+        results = ", ".join(var["out", None if self.single else i] for _, i, *_ in self.outputs)
+        lines += [f"if _replay(_plan, ({addresses}), args, kwargs):",
+                  f"    return {results}" + ("" if self.single else ","), "return None"]
+        return self._compile(lines, namespace)
+
+    def _compile(self, lines, namespace):
+        """``def hit(args, kwargs)`` with the body ``lines``, its names from ``namespace``."""
         source = "def hit(args, kwargs):\n" + "".join(f"    {line}\n" for line in lines)
         exec(compile(source, f"<rl_triton plan: {self.algo}>", "exec"), namespace)
         return namespace["hit"]
