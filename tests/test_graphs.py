@@ -97,13 +97,23 @@ def test_calls_without_out_are_never_captured(replays):
     assert replays == []
 
 
-@pytest.mark.parametrize("setting", [None, "0", "off"])
-def test_replays_are_off_unless_switched_on(replays, monkeypatch, setting):
+@pytest.mark.parametrize("setting", ["0", "off", "false", " No "])
+def test_the_environment_variable_switches_replays_off(replays, monkeypatch, setting):
+    monkeypatch.setenv("RL_TRITON_GRAPHS", setting)
+    _repeat_without_a_graph(replays, 3)
+
+
+@pytest.mark.parametrize("setting", [None, "1", "on"])
+def test_replays_are_on_by_default(replays, monkeypatch, setting):
     if setting is None:
         monkeypatch.delenv("RL_TRITON_GRAPHS")
     else:
         monkeypatch.setenv("RL_TRITON_GRAPHS", setting)
-    _repeat_without_a_graph(replays, 3)
+    r, v, d = _problem(3)
+    out = (torch.empty_like(r), torch.empty_like(r))
+    for _ in range(4):
+        _assert_oracle(_call(r, v, d, out), r, v, d)
+    assert replays == ["capture", "replay", "replay"]  # the third call captures, the fourth replays too
 
 
 def test_nothing_is_captured_while_the_callers_stream_captures(replays, monkeypatch):
@@ -187,4 +197,32 @@ def test_a_real_graph_recomputes_the_call_on_a_gpu(monkeypatch, T):
         for g, w in zip(got, _expected(r.cpu(), v.cpu(), d.cpu())):
             np.testing.assert_allclose(g.cpu().numpy(), w, rtol=1e-10, atol=1e-10)
     assert captured == [1] and len(graphs._graphs) == 1
+    plans.clear()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_call_inside_the_callers_own_graph_launches_into_it(monkeypatch):
+    """On a GPU, replays on by default: a call made while the caller's stream captures goes into
+    the caller's graph as a plain launch (no replay of the library's graph inside it), and the
+    caller's replays recompute it from the tensors' current values."""
+    monkeypatch.delenv("RL_TRITON_GRAPHS", raising=False)
+    plans.clear()
+    r, v, d = (x.cuda() for x in _problem(50, R=4, T=64))
+    out = (torch.empty_like(r), torch.empty_like(r))
+    for _ in range(3):  # the plan, its hit path, the library's capture
+        rl_triton.gae(r, v, done=d, gamma=0.9, lmbda=0.8, out=out)
+    assert len(graphs._graphs) == 1
+    theirs = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(theirs, stream=side):
+        rl_triton.gae(r, v, done=d, gamma=0.9, lmbda=0.8, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    for i in range(2):
+        r.copy_(_problem(60 + i, R=4, T=64)[0].cuda())
+        out[0].zero_()
+        theirs.replay()
+        torch.cuda.synchronize()
+        for g, w in zip(out, _expected(r.cpu(), v.cpu(), d.cpu())):
+            np.testing.assert_allclose(g.cpu().numpy(), w, rtol=1e-10, atol=1e-10)
     plans.clear()

@@ -15,8 +15,7 @@ or another device is current, takes the plan's path instead. Nothing is captured
 caller's stream is capturing (the call then launches plainly into the caller's graph), under
 autograd (such calls have no plan) or inside a ``torch.compile`` trace (nor there). At most
 ``MAX_GRAPHS`` graphs are kept, the least recently replayed evicted first; ``clear()`` drops them.
-``RL_TRITON_GRAPHS=1`` turns the replays on (off by default until checked on a GPU:
-docs/architecture.md); ``0`` or unset leaves every call on the plan's path.
+Replays are on by default; ``RL_TRITON_GRAPHS=0`` leaves every call on the plan's path.
 """
 
 from __future__ import annotations
@@ -42,11 +41,12 @@ class _Entry:
 
 
 def enabled(setting: str | None = None) -> bool:
-    """Whether ``RL_TRITON_GRAPHS`` turns the replays on: its value ``setting`` (the call's
-    ``inputs.env_state()`` holds it), read from the environment where not given."""
+    """Whether replays are on: unless ``RL_TRITON_GRAPHS`` turns them off (``0``, ``false``,
+    ``off``, ``no``); ``setting`` is its value (the call's ``inputs.env_state()`` holds it),
+    read from the environment where not given."""
     if setting is None:
         setting = os.environ.get("RL_TRITON_GRAPHS")
-    return (setting or "0").strip().lower() in ("1", "true", "on", "yes")
+    return setting is None or setting.strip().lower() not in ("0", "false", "off", "no")
 
 
 def clear() -> None:
@@ -108,13 +108,22 @@ def launch_ok(device: torch.device) -> bool:
 
 def capture(launch, device: torch.device):
     """A function replaying the CUDA graph of ``launch()`` (which returns None where it launched
-    nothing) on the current stream; None where the capture fails or captured nothing."""
+    nothing) on the current stream; None where the capture fails or captured nothing.
+
+    The capture runs on a side stream that waits for the current one, between the graph's own
+    ``capture_begin`` and ``capture_end``: unlike the ``torch.cuda.graph`` context it does not
+    synchronise the device, collect garbage or empty torch's cache, which in a training
+    process would cost far more than the capture."""
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     try:
-        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-            launched = launch()
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                launched = launch()
+            finally:
+                graph.capture_end()
     except RuntimeError:
         return None
     torch.cuda.current_stream(device).wait_stream(side)
