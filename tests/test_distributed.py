@@ -216,21 +216,32 @@ PLANNED = (("gae", "done+bootstrap"), ("gae", "terminated+bootstrap"), ("gae", "
            ("affine_scan", "reverse"))
 
 
-def _plan_worker(rank, world, group):
-    """Repeated sharded calls of one signature on Triton run through the chunk plan
-    (sharded.ChunkPlan: phase 1, the handed map, one all-gather, phase 2 folding every rank's
-    maps), their values changing between calls, with and without ``out=``; a rank without steps
-    takes the general path in the same collective."""
+def _sharded():
     from rl_triton.core import sharded
 
-    served = []
-    execute = sharded.ChunkPlan.execute
+    return sharded
+
+
+def _count_chunk_plan_calls():
+    """``sharded.ChunkPlan.execute`` wrapped so that each call it sees appends whether the plan
+    served it to the returned list; with the original, to put back."""
+    sharded = _sharded()
+    served, execute = [], sharded.ChunkPlan.execute
 
     def counted(self, *args):
         result = execute(self, *args)
         served.append(result is not None)
         return result
     sharded.ChunkPlan.execute = counted
+    return served, execute
+
+
+def _plan_worker(rank, world, group):
+    """Repeated sharded calls of one signature on Triton run through the chunk plan
+    (sharded.ChunkPlan: phase 1, the handed map, one all-gather, phase 2 folding every rank's
+    maps), their values changing between calls, with and without ``out=``; a rank without steps
+    takes the general path in the same collective."""
+    served, execute = _count_chunk_plan_calls()
     bounds = _bounds(world, 26)
     lo, hi = bounds[rank], bounds[rank + 1]
     for fn, variant in PLANNED:
@@ -274,13 +285,58 @@ def _plan_worker(rank, world, group):
         assert served == ([True] if hi > lo else []) and got[0] is out[0] and got[1] is out[1]
         for o, w in zip(out, whole):
             _close(o, w[:, lo:hi], 1e-12, f"gae out= rank {rank}")
-    sharded.ChunkPlan.execute = execute
+    _sharded().ChunkPlan.execute = execute
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton kernels run in the interpreter")
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_repeated_calls_run_the_chunk_plan(world):
     _spawn(_plan_worker, world)
+
+
+def _pieces_plan_worker(rank, world, group):
+    """Repeated calls on shards of several pieces a rank run through the chunk plan too (each
+    piece's phase 1 and handed map, one all-gather, the maps put in time order, each piece's
+    phase 2): Megatron's zig-zag and an uneven layout (ranks with 1 to 3 pieces), new values
+    every call, with and without ``out=``, against the unsharded call."""
+    served, execute = _count_chunk_plan_calls()
+    uneven = [[0, 3], [5, 1, 2], [4]] if world == 3 else [[3, 0], [1, 2]]
+    for layout, length in ((rl_triton.Shards.zigzag(group), 5), (rl_triton.Shards(group, uneven), 4)):
+        n = layout.n
+        bounds = [i * length for i in range(n + 1)]
+        ranges = [(bounds[i], bounds[i + 1]) for i in layout.pieces[rank]]
+        for fn, variant in PLANNED:
+            for dtype, tol in ((F64, 1e-12), (F32, 1e-5)):
+                for call in range(3):
+                    p = catalog.make(fn, (ROWS, bounds[-1]), variant, dtype=dtype, seed=call, p_term=0.15,
+                                     gamma=0.9, lmbda=0.8).flagged_at(bounds[1:-1])
+                    whole = p.call("triton")
+                    served.clear()
+                    got = p.pieces(ranges).call("triton", group=layout)
+                    what = f"{layout} {fn} {variant} {dtype} call {call}, rank {rank}"
+                    assert served == [True], (what, served)
+                    for g, w in zip(_tuple(got), _tuple(whole)):
+                        _close(g, _steps_of(w, 1, ranges), tol, what)
+        g = torch.Generator().manual_seed(3)
+        r, v = (torch.randn(ROWS, bounds[-1], generator=g, dtype=F64) for _ in range(2))
+        d, boot = torch.rand(ROWS, bounds[-1], generator=g) < 0.2, torch.randn(ROWS, generator=g, dtype=F64)
+        whole = rl_triton.gae(r, v, done=d, bootstrap_value=boot, gamma=0.9, lmbda=0.8, backend="triton")
+        mine = [_steps_of(x, 1, ranges) for x in (r, v, d)]
+        for _ in range(2):
+            out = tuple(torch.full_like(mine[0], torch.nan) for _ in range(2))
+            served.clear()
+            got = rl_triton.gae(mine[0], mine[1], done=mine[2], bootstrap_value=boot, gamma=0.9, lmbda=0.8,
+                                backend="triton", group=layout, out=out)
+            assert served == [True] and got[0] is out[0] and got[1] is out[1], (layout, served)
+            for o, w in zip(out, whole):
+                _close(o, _steps_of(w, 1, ranges), 1e-12, f"{layout} gae out= rank {rank}")
+    _sharded().ChunkPlan.execute = execute
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton kernels run in the interpreter")
+@pytest.mark.parametrize("world", [2, 3])
+def test_repeated_calls_on_several_pieces_a_rank_run_the_chunk_plan(world):
+    _spawn(_pieces_plan_worker, world)
 
 
 def _tail_worker(rank, world, group):
@@ -752,6 +808,20 @@ def _cuda_plan_worker(rank, world, group):
         torch.cuda.synchronize()
     ops = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
     assert len(ops) <= 4, ops
+    # Megatron's zig-zag (a world of one: pieces 0 and 1, the window in order): two pieces' phase
+    # 1 and handed maps, the all-gather, the maps put in time order, two pieces' phase 2 (writing
+    # views of whole fresh outputs)
+    zig = rl_triton.Shards.zigzag(group)
+    for _ in range(2):
+        got = rl_triton.gae(r, v, done=d, bootstrap_value=boot, time_dim=0, group=zig)
+    for a, b in zip(got, rl_triton.gae(r, v, done=d, bootstrap_value=boot, time_dim=0)):
+        _close(a.cpu(), b.cpu(), 1e-4, "zig-zag gae on CUDA")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        rl_triton.gae(r, v, done=d, bootstrap_value=boot, time_dim=0, group=zig)
+        torch.cuda.synchronize()
+    ops = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+    assert len(ops) <= 8, ops
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not torch.distributed.is_nccl_available(),

@@ -146,7 +146,7 @@ def run(fn, kw: dict, rule: Rule):
     if packed and layout is not None:
         raise ValueError("group: a Shards layout of several pieces per rank does not take cu_seqlens; pass one "
                          "contiguous slice of the packed stream per rank (a plain ProcessGroup)")
-    key = None if packed or layout is not None else _plan_key(fn, kw, group)
+    key = None if packed else _plan_key(fn, kw, group, layout)
     plan = _PLANS.get(key) if key is not None and not launch.plan_forced() else None
     if plan is not None and plan is not _NO_PLAN:
         # the signature's first call checked the group and the inputs (no gradients wanted)
@@ -196,7 +196,8 @@ def run(fn, kw: dict, rule: Rule):
         except plans.Checked:
             pass
     if key is not None and steps and (plan is None or launch.plan_forced()):
-        plan = ChunkPlan.build(fn, kw, out, rule, reverse, lam, two_state, at, group, world, rank, device)
+        plan = ChunkPlan.build(fn, kw, out, rule, reverse, lam, two_state, at, group, world, rank, device, layout,
+                               tdim)
         if not launch.plan_forced():
             while len(_PLANS) >= MAX_PLANS:
                 _PLANS.pop(next(iter(_PLANS)))
@@ -450,12 +451,12 @@ MAX_PLANS = 64
 _NO_PLAN = object()
 
 
-def _plan_key(fn, kw, group):
+def _plan_key(fn, kw, group, layout=None):
     """A sharded call's signature (plans.cached's, with the group: a group's world and ranks are
-    fixed, and its plan holds it, so that its id stays its own), or None. ``whiten`` is applied
-    after the plan's launches and is no part of it."""
+    fixed, and its plan holds it, so that its id stays its own; and a layout's pieces), or None.
+    ``whiten`` is applied after the plan's launches and is no part of it."""
     try:
-        return (fn, id(group), torch.is_grad_enabled(), inputs.env_state(),
+        return (fn, id(group), None if layout is None else layout.pieces, torch.is_grad_enabled(), inputs.env_state(),
                 *[(name, plans.fingerprint(x)) for name, x in kw.items() if name != "whiten"])
     except (plans.Unkeyable, RuntimeError):
         return None
@@ -479,38 +480,68 @@ class _Record:
 
 
 class ChunkPlan:
-    """A repeated sharded call of one signature on Triton, as four launches: the engine's phase 1
-    over the chunk and ``hand_kernel`` into the map this rank sends (kernels.ChunkLaunch), one
-    ``all_gather_into_tensor`` of every rank's map, and phase 2 folding them into its carry and
-    scanning the chunk (the protocol of :func:`run`: ``3R + 1`` numbers a rank, ``7R + 1`` for
-    two-state maps). No host
-    synchronisation; the call's tensors are found and checked as by its one-GPU plan
-    (plans.Plan), the outputs made fresh or the caller's ``out``."""
+    """A repeated sharded call of one signature on Triton: per piece of this rank (one, or a
+    layout's several) the engine's phase 1 over the piece and ``hand_kernel`` into the map it
+    sends (kernels.ChunkLaunch), one ``all_gather_into_tensor`` of every rank's maps (put in time
+    order by one ``index_select`` where a layout gives a rank several pieces), and per piece
+    phase 2 folding the maps of the pieces beyond it into its carry and scanning it (the
+    protocol of :func:`run`: ``3R + 1`` numbers a piece, ``7R + 1`` for two-state maps). No host
+    synchronisation; each piece's tensors are found and checked as by its one-GPU plan
+    (plans.Plan), the outputs made fresh (for several pieces, whole outputs whose views the
+    pieces write) or the caller's ``out``."""
 
     @classmethod
-    def build(cls, fn, kw, out, rule, reverse, lam, two_state, at, group, world, rank, device):
+    def build(cls, fn, kw, out, rule, reverse, lam, two_state, at, group, world, rank, device, layout=None,
+              tdim=-1):
         """The plan of this call's signature, or _NO_PLAN where the call has none: another backend
         than Triton, boundary inputs to exchange, Retrace's handed value, or views the one-GPU
-        plan cannot locate."""
+        plan cannot locate. ``layout``: a :class:`Shards` of several pieces a rank (None: one
+        contiguous chunk a rank); ``tdim``: the time dim of ``kw``'s first tensor."""
         if launch.resolve_backend(kw.get("backend"), device) != "triton" or rule.hands not in (None, _trace_hands):
             return _NO_PLAN
         if lam is None and rule.boundary is not None and reverse and rule.boundary(kw, at(0)):
             return _NO_PLAN
-        values = {**kw, "out": out}
-        record = _Record(values)
-        chunk_kw = {**kw, "bootstrap_value": None} if lam is not None else kw
         own = None
         if lam is not None and not isinstance(kw.get("bootstrap_value"), (torch.Tensor, type(None))):
             return _NO_PLAN
         if lam is not None and kw.get("bootstrap_value") is not None:
             own = kw["bootstrap_value"].reshape(-1)  # the window's V(s_T): the own carry c[T]
-        try:
-            _one_call(fn, {**chunk_kw, "out": out}, Chunk(own, None, None, record))
-        except _Recorded:
-            pass
-        if record.plan is None:
+        self = cls()
+        self.rule, self.tdim = rule, tdim
+        self.count = 1 if layout is None else len(layout.pieces[rank])
+        self.slots = None if layout is None else layout.slots_on(device)
+        self.fresh = None  # several pieces without out=: the dtypes of the whole outputs made per call
+
+        def record(pieces):
+            recorded = []
+            for piece_kw, piece_out in pieces:
+                rec = _Record({**piece_kw, "out": piece_out})
+                piece_chunk_kw = {**piece_kw, "bootstrap_value": None} if lam is not None else piece_kw
+                try:
+                    _one_call(fn, {**piece_chunk_kw, "out": piece_out}, Chunk(own, None, None, rec))
+                except _Recorded:
+                    pass
+                if rec.plan is None:
+                    return None
+                recorded.append(rec)
+            return recorded
+
+        pieces = self._pieces(kw, out)
+        recorded = record(pieces[:1] if self.count > 1 and out is None else pieces)
+        if recorded is None:
             return _NO_PLAN
-        algo, args = record.algo, record.args
+        if self.count > 1 and out is None:
+            # the pieces write into views of whole outputs made as the plan would make them, so
+            # that no concatenation follows
+            makes = [make for make, *_ in recorded[0].plan.outputs]
+            if any(make is None or make.func is not plans._new_output for make in makes):
+                return _NO_PLAN
+            self.fresh = (recorded[0].plan.single, [make.args[2] for make in makes])
+            out = self._outputs(kw)
+            recorded = record(self._pieces(kw, out))
+            if recorded is None:
+                return _NO_PLAN
+        algo, args = recorded[0].algo, recorded[0].args
         hand = {}
         if isinstance(args.carry, torch.Tensor):
             hand["own"] = algo.names.index("carry")
@@ -520,37 +551,81 @@ class ChunkPlan:
         if lam is not None:
             hand["offset"] = algo.names.index("values")
             scale = torch.tensor([lam], dtype=torch.float64, device=device)
-            divisor = torch.tensor([lam], dtype=record.plan.launch.ws_dtype, device=device)
+            divisor = torch.tensor([lam], dtype=recorded[0].plan.launch.ws_dtype, device=device)
         if rule.hands is _trace_hands and isinstance(args.done, torch.Tensor):
             hand["cut"] = algo.names.index("done")
-        if any(not isinstance(args[pos], torch.Tensor) for pos in hand.values()):
+        if any(not isinstance(r.args[pos], torch.Tensor) for r in recorded for pos in hand.values()):
             return _NO_PLAN
         from . import kernels
 
-        self = cls()
         self.group = group  # kept alive: the key holds its id
-        self.plan = record.plan
-        compute = torch.float64 if record.plan.launch.ws_dtype == torch.float64 else torch.float32
-        self.chunk = kernels.ChunkLaunch(record.plan.launch, world, rank, compute, hand, scale, divisor)
+        self.plans = [r.plan for r in recorded]
+        compute = torch.float64 if self.plans[0].launch.ws_dtype == torch.float64 else torch.float32
+        if layout is None:
+            self.chunks = [kernels.ChunkLaunch(self.plans[0].launch, world, rank, compute, hand, scale, divisor)]
+            self.send, self.gathered = self.chunks[0].send, self.chunks[0].gathered
+            return self
+        width = 7 if two_state else 3
+        m = width * self.plans[0].launch.runtime[0] + 1  # numbers a piece sends
+        # every rank sends layout.width maps (a rank with fewer pads with zeros: absent pieces)
+        self.send = torch.zeros(layout.width * m, dtype=compute, device=device)
+        self.gathered = torch.empty(world * layout.width * m, dtype=compute, device=device)
+        self.ordered = torch.empty(len(layout.slots) * m, dtype=compute, device=device)
+        self.chunks = [kernels.ChunkLaunch(plan.launch, len(layout.slots), index, compute, hand, scale, divisor,
+                                           send=self.send[j * m:(j + 1) * m], gathered=self.ordered)
+                       for j, (plan, index) in enumerate(zip(self.plans, layout.pieces[rank]))]
         return self
+
+    def _pieces(self, kw, out):
+        """``(arguments, out)`` of each of this rank's pieces (the chunk as it stands for one)."""
+        if self.count == 1:
+            return [(kw, out)]
+        ref = kw[next(iter(kw))]
+        length = ref.shape[self.tdim] // self.count
+        return [(_narrowed(kw, self.rule, ref, self.tdim, i * length, length),
+                 None if out is None else _narrowed_out(out, self.tdim, i * length, length))
+                for i in range(self.count)]
+
+    def _outputs(self, kw):
+        """The whole outputs of a call of several pieces without ``out=`` (``self.fresh``): the
+        reference input's layout, the plan's dtypes."""
+        single, dtypes = self.fresh
+        ref = kw[next(iter(kw))]
+        made = [torch.empty_like(ref, dtype=dtype) for dtype in dtypes]
+        return made[0] if single else tuple(made)
 
     def execute(self, values, group):
         """This call's outputs (``values``: its arguments by name, ``out`` among them), or None
         where it needs the general path."""
-        prepared = self.plan.prepare(values)
-        if prepared is None:
-            return None
-        sources, outs, views = prepared
-        chunk = self.chunk
-        ptrs = self.plan.data_pointers(sources, outs) if self.plan.pointers else None
-        tensors = None
-        if ptrs is None or not chunk.ready(ptrs):
-            args, out_views = self.plan.kernel_views(sources, outs, views)
-            tensors = self.plan.launch._tensors(args, out_views)
-        chunk.reduce(ptrs, tensors)
-        all_gather_into(chunk.gathered, chunk.send, group)
-        chunk.scan(ptrs, tensors)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        out = values.get("out")
+        kw = {name: x for name, x in values.items() if name != "out"}
+        if out is None and self.fresh is not None:
+            out = self._outputs(kw)
+        prepared = []
+        for plan, (piece_kw, piece_out) in zip(self.plans, self._pieces(kw, out)):
+            ready = plan.prepare({**piece_kw, "out": piece_out})
+            if ready is None:
+                return None
+            prepared.append(ready)
+        launches = []
+        for plan, chunk, (sources, outs, views) in zip(self.plans, self.chunks, prepared):
+            ptrs = plan.data_pointers(sources, outs) if plan.pointers else None
+            tensors = None
+            if ptrs is None or not chunk.ready(ptrs):
+                args, out_views = plan.kernel_views(sources, outs, views)
+                tensors = plan.launch._tensors(args, out_views)
+            chunk.reduce(ptrs, tensors)
+            launches.append((ptrs, tensors))
+        all_gather_into(self.gathered, self.send, group)
+        if self.slots is not None:  # the pieces' maps in time order
+            torch.index_select(self.gathered.view(len(self.slots), -1), 0, self.slots,
+                               out=self.ordered.view(len(self.slots), -1))
+        for chunk, (ptrs, tensors) in zip(self.chunks, launches):
+            chunk.scan(ptrs, tensors)
+        if len(prepared) == 1:
+            outs = prepared[0][1]
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        return out if isinstance(out, torch.Tensor) else tuple(out)
 
 
 TAIL_STEPS = 1024  # the CPU's second pass first tries max(TAIL_STEPS, T/TAIL_FRACTION) steps

@@ -551,7 +551,8 @@ class ChunkLaunch:
     ``hand_kernel`` folds them into the map the rank sends (``send``, ``3R + 1`` numbers, ``7R + 1``
     for a two-state scan), and
     after the all-gather into ``gathered`` the engine's phase 2 folds every rank's maps into its
-    carry (``fold``) and scans the chunk. Built on the chunk's :class:`Launch` (its plan, its
+    carry (``fold``) and scans the chunk (``world`` and ``rank`` count chunks: ranks, or the
+    pieces of a layout with several a rank). Built on the chunk's :class:`Launch` (its plan, its
     arguments with the chunk's own carry in the carry slot); ``hand``: kernel argument
     positions of the per-row views the handed map reads (``own``: the carry, ``own_x``: a
     two-state scan's first-state carry, ``offset``: an input at the chunk's first step, ``cut``: a
@@ -563,7 +564,8 @@ class ChunkLaunch:
     pointers (``tensors`` None). ``ready(ptrs)`` says which a call takes."""
 
     def __init__(self, launch: Launch, world: int, rank: int, compute: torch.dtype, hand: dict,
-                 scale: torch.Tensor | None, divisor: torch.Tensor | None):
+                 scale: torch.Tensor | None, divisor: torch.Tensor | None, send: torch.Tensor | None = None,
+                 gathered: torch.Tensor | None = None):
         self.launch = launch
         config = launch.config
         R, T = launch.runtime[:2]
@@ -572,8 +574,11 @@ class ChunkLaunch:
         width = 7 if launch.pair else 3  # numbers a row sends (sharded.py)
         self.ws = torch.empty(max(1, R * config.n_seg * (5 if launch.pair else 2)), dtype=launch.ws_dtype,
                               device=device)
-        self.send = torch.empty(width * R + 1, dtype=compute, device=device)
-        self.gathered = torch.empty(world * (width * R + 1), dtype=compute, device=device)
+        # ``send``/``gathered`` given: a piece's part of a rank's several maps, and every piece's
+        # maps in time order (``world`` of them, this chunk's at ``rank``)
+        self.send = torch.empty(width * R + 1, dtype=compute, device=device) if send is None else send
+        self.gathered = torch.empty(world * (width * R + 1), dtype=compute, device=device) if gathered is None \
+            else gathered
         if divisor is None:
             divisor = torch.ones(1, dtype=launch.ws_dtype, device=device)
         self.scale = scale
