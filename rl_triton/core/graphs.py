@@ -20,7 +20,6 @@ Replays are on by default; ``RL_TRITON_GRAPHS=0`` leaves every call on the plan'
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 
@@ -40,12 +39,10 @@ class _Entry:
         self.replay = None
 
 
-def enabled(setting: str | None = None) -> bool:
-    """Whether replays are on: unless ``RL_TRITON_GRAPHS`` turns them off (``0``, ``false``,
-    ``off``, ``no``); ``setting`` is its value (the call's ``inputs.env_state()`` holds it),
-    read from the environment where not given."""
-    if setting is None:
-        setting = os.environ.get("RL_TRITON_GRAPHS")
+def enabled(setting: str | None) -> bool:
+    """Whether replays are on, ``setting`` being the value of ``RL_TRITON_GRAPHS`` (None where
+    unset; a call's ``inputs.env_state()`` holds it): on unless it says ``0``, ``false``,
+    ``off`` or ``no``."""
     return setting is None or setting.strip().lower() not in ("0", "false", "off", "no")
 
 

@@ -514,11 +514,11 @@ class ChunkPlan:
 
         def record(pieces):
             recorded = []
-            for piece_kw, piece_out in pieces:
-                rec = _Record({**piece_kw, "out": piece_out})
-                piece_chunk_kw = {**piece_kw, "bootstrap_value": None} if lam is not None else piece_kw
+            for values in pieces:
+                rec = _Record(values)
                 try:
-                    _one_call(fn, {**piece_chunk_kw, "out": piece_out}, Chunk(own, None, None, rec))
+                    _one_call(fn, {**values, "bootstrap_value": None} if lam is not None else values,
+                              Chunk(own, None, None, rec))
                 except _Recorded:
                     pass
                 if rec.plan is None:
@@ -526,7 +526,7 @@ class ChunkPlan:
                 recorded.append(rec)
             return recorded
 
-        pieces = self._pieces(kw, out)
+        pieces = self._pieces({**kw, "out": out})
         recorded = record(pieces[:1] if self.count > 1 and out is None else pieces)
         if recorded is None:
             return _NO_PLAN
@@ -537,8 +537,7 @@ class ChunkPlan:
             if any(make is None or make.func is not plans._new_output for make in makes):
                 return _NO_PLAN
             self.fresh = (recorded[0].plan.single, [make.args[2] for make in makes])
-            out = self._outputs(kw)
-            recorded = record(self._pieces(kw, out))
+            recorded = record(self._pieces({**kw, "out": self._outputs(kw)}))
             if recorded is None:
                 return _NO_PLAN
         algo, args = recorded[0].algo, recorded[0].args
@@ -565,8 +564,7 @@ class ChunkPlan:
             self.chunks = [kernels.ChunkLaunch(self.plans[0].launch, world, rank, compute, hand, scale, divisor)]
             self.send, self.gathered = self.chunks[0].send, self.chunks[0].gathered
             return self
-        width = 7 if two_state else 3
-        m = width * self.plans[0].launch.runtime[0] + 1  # numbers a piece sends
+        m = kernels.chunk_map_size(self.plans[0].launch)  # numbers a piece sends
         # every rank sends layout.width maps (a rank with fewer pads with zeros: absent pieces)
         self.send = torch.zeros(layout.width * m, dtype=compute, device=device)
         self.gathered = torch.empty(world * layout.width * m, dtype=compute, device=device)
@@ -576,34 +574,34 @@ class ChunkPlan:
                        for j, (plan, index) in enumerate(zip(self.plans, layout.pieces[rank]))]
         return self
 
-    def _pieces(self, kw, out):
-        """``(arguments, out)`` of each of this rank's pieces (the chunk as it stands for one)."""
+    def _pieces(self, values):
+        """The arguments by name (``out`` among them) of each of this rank's pieces of a call
+        whose arguments are ``values`` (one piece: ``values`` itself)."""
         if self.count == 1:
-            return [(kw, out)]
-        ref = kw[next(iter(kw))]
+            return [values]
+        kw = {name: x for name, x in values.items() if name != "out"}
+        out, ref = values["out"], kw[next(iter(kw))]
         length = ref.shape[self.tdim] // self.count
-        return [(_narrowed(kw, self.rule, ref, self.tdim, i * length, length),
-                 None if out is None else _narrowed_out(out, self.tdim, i * length, length))
+        return [{**_narrowed(kw, self.rule, ref, self.tdim, i * length, length),
+                 "out": None if out is None else _narrowed_out(out, self.tdim, i * length, length)}
                 for i in range(self.count)]
 
-    def _outputs(self, kw):
+    def _outputs(self, values):
         """The whole outputs of a call of several pieces without ``out=`` (``self.fresh``): the
-        reference input's layout, the plan's dtypes."""
+        reference input's layout (``values``' first argument), the plan's dtypes."""
         single, dtypes = self.fresh
-        ref = kw[next(iter(kw))]
+        ref = values[next(iter(values))]
         made = [torch.empty_like(ref, dtype=dtype) for dtype in dtypes]
         return made[0] if single else tuple(made)
 
     def execute(self, values, group):
         """This call's outputs (``values``: its arguments by name, ``out`` among them), or None
         where it needs the general path."""
-        out = values.get("out")
-        kw = {name: x for name, x in values.items() if name != "out"}
-        if out is None and self.fresh is not None:
-            out = self._outputs(kw)
+        if values.get("out") is None and self.fresh is not None:
+            values = {**values, "out": self._outputs(values)}
         prepared = []
-        for plan, (piece_kw, piece_out) in zip(self.plans, self._pieces(kw, out)):
-            ready = plan.prepare({**piece_kw, "out": piece_out})
+        for plan, piece in zip(self.plans, self._pieces(values)):
+            ready = plan.prepare(piece)
             if ready is None:
                 return None
             prepared.append(ready)
@@ -625,6 +623,7 @@ class ChunkPlan:
         if len(prepared) == 1:
             outs = prepared[0][1]
             return outs[0] if len(outs) == 1 else tuple(outs)
+        out = values["out"]
         return out if isinstance(out, torch.Tensor) else tuple(out)
 
 

@@ -545,6 +545,12 @@ class Launch:
         return torch.cuda.device(self.device) if other else contextlib.nullcontext()
 
 
+def chunk_map_size(launch: Launch) -> int:
+    """The numbers one chunk of ``launch``'s rows sends (sharded.py): 3 a row (7 for a two-state
+    scan), then whether the chunk holds steps."""
+    return (7 if launch.pair else 3) * launch.runtime[0] + 1
+
+
 class ChunkLaunch:
     """One rank's chunk of a sequence split across ranks (rl_triton/core/sharded.py) on the
     Triton backend, for one call signature: the engine's phase 1 writes the segments' maps,
@@ -571,14 +577,13 @@ class ChunkLaunch:
         R, T = launch.runtime[:2]
         self.R, self.T = R, T
         device = launch.device
-        width = 7 if launch.pair else 3  # numbers a row sends (sharded.py)
         self.ws = torch.empty(max(1, R * config.n_seg * (5 if launch.pair else 2)), dtype=launch.ws_dtype,
                               device=device)
         # ``send``/``gathered`` given: a piece's part of a rank's several maps, and every piece's
         # maps in time order (``world`` of them, this chunk's at ``rank``)
-        self.send = torch.empty(width * R + 1, dtype=compute, device=device) if send is None else send
-        self.gathered = torch.empty(world * (width * R + 1), dtype=compute, device=device) if gathered is None \
-            else gathered
+        m = chunk_map_size(launch)
+        self.send = torch.empty(m, dtype=compute, device=device) if send is None else send
+        self.gathered = torch.empty(world * m, dtype=compute, device=device) if gathered is None else gathered
         if divisor is None:
             divisor = torch.ones(1, dtype=launch.ws_dtype, device=device)
         self.scale = scale
