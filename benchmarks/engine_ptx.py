@@ -205,7 +205,9 @@ def collect(root: str | None, only: str = "", time_major_regime: bool = False) -
     except ImportError:
         nstep = None
     if nstep is not None:
-        nstep.nstep_kernel = Compile(nstep.nstep_kernel)
+        for name in ("nstep_kernel", "nstep_blocks_kernel", "nstep_walk_kernel"):  # those the checkout has
+            if hasattr(nstep, name):
+                setattr(nstep, name, Compile(getattr(nstep, name)))
     g = torch.Generator().manual_seed(0)
     out = {}
     for R, T in SHAPES:

@@ -157,22 +157,25 @@ class Problem:
     """One estimator on an R x T rollout: rl_triton's call, its bytes, its oracle, its peers."""
 
     def __init__(self, algo: str, R: int, T: int, device="cuda", dtype=torch.float32):
+        """``algo``: a function name, or ``retrace:TRACE`` for Retrace's other traces (the catalog's
+        variant of that name); the problem has done flags (the trace variants: the catalog's)."""
         self.algo, self.R, self.T = algo, R, T
-        lmbda = {"gae": LMBDA, "td_lambda_return": LMBDA, "eligibility_trace": TRACE_LMBDA}.get(algo)
-        self.problem = testing.make(algo, (R, T), "done", dtype=dtype, device=device, seed=R * 7 + T, p_trunc=0.0,
-                                    gamma=GAMMA, lmbda=lmbda)
-        e = torch.tensor([], dtype=dtype).element_size()
-        floats_in, floats_out = {"gae": (2, 2), "td_lambda_return": (2, 1), "discounted_return": (1, 1),
-                                 "vtrace": (4, 2), "retrace": (5, 1),
-                                 "nstep_return": (2, 1)}.get(algo, (1, 1))
-        self.floats_in, self.element_size = floats_in, e
-        self.nbytes = self.nbytes_with(floats_out)
+        fn, _, trace = algo.partition(":")
+        lmbda = {"gae": LMBDA, "td_lambda_return": LMBDA, "eligibility_trace": TRACE_LMBDA}.get(fn)
+        self.problem = testing.make(fn, (R, T), trace or "done", dtype=dtype, device=device, seed=R * 7 + T,
+                                    p_trunc=0.0, gamma=GAMMA, lmbda=lmbda)
+        # the per-step inputs: float tensors, and flags (bytes per step)
+        steps = [x for x in (*self.problem.args, *self.problem.kwargs.values())
+                 if isinstance(x, torch.Tensor) and x.numel() == R * T]
+        self.floats_in = sum(x.is_floating_point() for x in steps)
+        self.flag_bytes = sum(x.element_size() for x in steps if not x.is_floating_point())
+        self.element_size = torch.tensor([], dtype=dtype).element_size()
+        self.nbytes = self.nbytes_with({"gae": 2, "vtrace": 2}.get(fn, 1))
 
     def nbytes_with(self, n_outputs: int) -> int:
         """The fewest bytes of this problem for an implementation that writes ``n_outputs``
-        outputs: every float input read once, one byte of flags per step, every output written
-        once."""
-        return self.R * self.T * ((self.floats_in + n_outputs) * self.element_size + 1)
+        outputs: every per-step input read once (flags at their size), every output written once."""
+        return self.R * self.T * ((self.floats_in + n_outputs) * self.element_size + self.flag_bytes)
 
     def call(self, backend=None):
         """rl_triton's call: a tuple of outputs."""

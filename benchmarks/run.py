@@ -4,6 +4,9 @@ floors; on a CPU-only machine GAE on the CPU backends against SB3's and TorchRL'
     python benchmarks/run.py [--algos gae,vtrace] [--shapes 4096x128,1x131072] [--peers-dir DIR] [--md FILE]
     python benchmarks/run.py --cpu [--shapes 2048x8,128x8] [--rounds 9] [--md FILE]
 
+``--algos`` takes the public estimators' names and ``retrace:TRACE`` for Retrace's other traces
+(importance, tree_backup, q_lambda, peng: the catalog's variants of rl_triton.testing).
+
 GPU, first the host path: every public function at 4096x128 beside an empty Triton launch,
 the full call (as below) and the launch throughput (calls issued back to back, one synchronize
 at the end, per call), the implementations taking turns, ratios taken within a round.
@@ -62,6 +65,8 @@ GRID = ["4096x128", "64x512", "1024x1024", "16384x512", "128x4096", "32768x8", "
 SPOT_SHAPES = ["4096x128", "32768x8", "1024x1024", "128x4096"]
 ALGOS = ["gae", "td_lambda_return", "discounted_return", "vtrace", "retrace", "eligibility_trace",
          "episodic_cumsum", "nstep_return"]
+# Retrace's other traces (``--algos retrace:importance,...``; not in the default run)
+TRACE_ALGOS = ["retrace:importance", "retrace:tree_backup", "retrace:q_lambda", "retrace:peng"]
 
 
 try:

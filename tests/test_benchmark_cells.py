@@ -39,7 +39,7 @@ def cell(algo, impls=None, **kw):
     return problem, lines, results
 
 
-@pytest.mark.parametrize("algo", run.ALGOS)
+@pytest.mark.parametrize("algo", run.ALGOS + run.TRACE_ALGOS)
 def test_every_estimator_is_checked_timed_and_summarised(algo):
     problem, lines, results = cell(algo)
     ours = next(r for r in results if r["impl"] == "rl_triton")
@@ -57,6 +57,16 @@ def test_every_estimator_is_checked_timed_and_summarised(algo):
     assert "3.00x (per-step torch loop)" in row and "2.00x" in row  # full call; ours / empty
     ranges = run.peer_ranges(results)
     assert any(line.startswith("| per-step torch loop | 1 | 3.00-3.00x | 0 |") for line in ranges), ranges
+
+
+def test_the_floor_counts_each_per_step_input_once():
+    """Float inputs at the data's size and flags at theirs: Retrace's tree-backup trace reads the
+    rewards, q-values, log_pi and the next expected q (log_mu: none), and two bool flags."""
+    problem = peers.Problem("retrace:tree_backup", *SHAPE, device="cpu")
+    assert problem.problem.kwargs["trace"] == "tree_backup" and problem.problem.args[3] is None
+    assert problem.nbytes_with(1) == SHAPE[0] * SHAPE[1] * (5 * 4 + 2)
+    gae = peers.Problem("gae", *SHAPE, device="cpu")
+    assert gae.nbytes == SHAPE[0] * SHAPE[1] * (4 * 4 + 1)  # rewards, values, done; two outputs
 
 
 @pytest.mark.parametrize("algo", ["discounted_return", "gae"])

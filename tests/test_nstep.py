@@ -130,6 +130,66 @@ def test_many_rows(blocks, blocks_from):
     np.testing.assert_allclose(got.numpy(), _expected(p, 4, term, done, p["gamma"]), rtol=1e-12, atol=1e-12)
 
 
+@pytest.fixture
+def triton_tiles(monkeypatch):
+    """``triton_tiles(kernel)``: Triton's n-step tiles forced small, so that a rollout of tens of
+    steps spans several programs: ``"blocks"`` (tiles of 8 steps, or the least of 2K - 1 steps)
+    or ``"walk"`` (the walk for every n); the call plans before and after forgotten."""
+    if not TRITON_INTERPRET_AT_STARTUP:
+        pytest.skip("the Triton kernels run in the interpreter (TRITON_INTERPRET=1) here")
+    from rl_triton.core import plans
+    from rl_triton.core.kernels import nstep
+
+    def force(kernel):
+        plans.clear()
+        monkeypatch.setattr(nstep, "BLOCK_STEPS", 8)
+        monkeypatch.setattr(nstep, "BLOCKS_TILE", 16)
+        monkeypatch.setattr(nstep, "TILE", 32)
+        monkeypatch.setattr(nstep, "MAX_BLOCK", 0 if kernel == "walk" else nstep.MAX_BLOCK)
+
+    yield force
+    plans.clear()
+
+
+@pytest.mark.parametrize("kernel", ["blocks", "walk"])
+@pytest.mark.parametrize("form", ["terminated+truncated", "done+terminated", "episode_starts", "none"])
+@pytest.mark.parametrize("n", [1, 3, 9, 61])
+def test_triton_tiles_across_programs(n, form, kernel, triton_tiles):
+    """Triton's two kernels with tiles forced small (several programs along time and rows, a
+    window crossing into the next program's steps): batch-major with per-step gamma and
+    time-major with a number, float64 and float32, against the oracle."""
+    triton_tiles(kernel)
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        p = _problem(300 + n, dtype, R=5, steps=61)
+        kw, term, done = _flags(p, form)
+        got = rl_triton.nstep_return(p["rewards"], p["next_values"], n=n, **kw, gamma=p["gamma"], backend="triton")
+        np.testing.assert_allclose(got.double().numpy(), _expected(p, n, term, done, p["gamma"], dtype), rtol=tol,
+                                   atol=tol)
+        got = rl_triton.nstep_return(p["rewards"].t().contiguous(), p["next_values"].t().contiguous(), n=n,
+                                     **{k: v.t().contiguous() for k, v in kw.items()}, gamma=0.9, time_dim=0,
+                                     backend="triton")
+        np.testing.assert_allclose(got.t().double().numpy(), _expected(p, n, term, done, 0.9, dtype), rtol=tol,
+                                   atol=tol)
+
+
+@pytest.mark.parametrize("kernel", ["blocks", "walk"])
+def test_triton_tiles_read_only_their_windows(kernel, triton_tiles, monkeypatch):
+    """NaN and inf outside a window stay out of the returns with tiles forced small; a NaN
+    inside a window reaches it."""
+    monkeypatch.setenv("RL_TRITON_CHECK_VALUES", "0")
+    triton_tiles(kernel)
+    p = _problem(310, R=2, steps=40)
+    term = torch.zeros(2, 40, dtype=torch.bool)
+    term[:, 20] = True
+    p["rewards"][:, 21] = float("nan")  # after the termination: no window before it reads it
+    p["next_values"][:, 20] = float("nan")  # the terminated step's: never read
+    p["next_values"][:, 33] = float("inf")  # read by the window ending there (n = 4: from step 30)
+    got = rl_triton.nstep_return(p["rewards"], p["next_values"], n=4, terminated=term, gamma=0.9, backend="triton")
+    expected = _expected(p, 4, term, term, 0.9)
+    assert np.isfinite(expected[:, :21]).all() and np.isnan(expected[:, 18:22]).sum() == 2
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
 def test_the_blocks_form_reads_only_its_windows(blocks_from, monkeypatch):
     """NaN and inf outside a window stay out of the O(T) form's returns too."""
     monkeypatch.setenv("RL_TRITON_CHECK_VALUES", "0")
@@ -367,12 +427,13 @@ def test_the_direct_launch_passes_the_dispatched_arguments(form, monkeypatch):
     dispatched, direct = [], []
 
     class Kernel:
-        arg_names = nstep.nstep_kernel.arg_names
+        arg_names = nstep.nstep_blocks_kernel.arg_names
 
         def __getitem__(self, grid):
             return lambda *args, **kwargs: dispatched.append((grid, args, kwargs)) or "compiled"
 
-    monkeypatch.setattr(nstep, "nstep_kernel", Kernel())
+    assert nstep.nstep_walk_kernel.arg_names == Kernel.arg_names  # one argument list, either kernel
+    monkeypatch.setattr(nstep, "nstep_blocks_kernel", Kernel())
     monkeypatch.setattr(nstep, "launchable", lambda kernel: kernel == "compiled")
     monkeypatch.setattr(nstep, "direct_launch_ok", lambda device: True)
     monkeypatch.setattr(nstep, "current_stream", lambda device: "stream")

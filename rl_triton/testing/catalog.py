@@ -113,6 +113,11 @@ VARIANTS: dict[str, dict[str, str]] = {
         "done": "next_expected_q done",
         "episode_starts": "next_expected_q episode_starts",
         "plain": "next_expected_q",
+        # the other traces (section 6.5): each reads only its inputs, the others passed as None
+        "importance": "next_expected_q done trace=importance",
+        "tree_backup": "next_expected_q terminated truncated trace=tree_backup",
+        "q_lambda": "next_expected_q done greedy trace=q_lambda",
+        "peng": "next_expected_q done trace=peng",
     },
     "eligibility_trace": {
         "done+initial": "done:float32 initial",
@@ -308,8 +313,10 @@ def reference(fn: str, args, kwargs) -> tuple:
             ev = dict(next_expected_q=rows(kw["next_expected_q"]))
         else:
             ev = {k: to_rows_actions(kw[k], shape, td) for k in _PER_ACTION}
-        return out(oracle.retrace(rows(args[0]), rows(args[1]), rows(args[2]), rows(args[3]), term, done,
-                                  coefficient("gamma"), coefficient("lmbda"), clip("c_bar"), **ev))
+        log_probs = [None if x is None else rows(x) for x in args[2:4]]
+        return out(oracle.retrace(rows(args[0]), rows(args[1]), *log_probs, term, done, coefficient("gamma"),
+                                  coefficient("lmbda"), clip("c_bar"), trace=kw.get("trace", "retrace"),
+                                  greedy=flag(kw.get("greedy")), **ev))
     initial = rows_of_row(kw.get("initial"))
     if fn == "eligibility_trace":
         return out(oracle.eligibility_trace(rows(args[0]), done, coefficient("gamma"), coefficient("lmbda"),
@@ -534,8 +541,10 @@ class _Draw:
         return dict(episode_starts=self._tensor(starts, torch.float32),
                     last_done=self._tensor(last, torch.bool, self.rest))
 
-    def tensor(self, name) -> torch.Tensor:
-        """A tensor argument, drawn by its name."""
+    def tensor(self, name, dtype=None) -> torch.Tensor:
+        """A tensor argument, drawn by its name (``dtype``: a flag's)."""
+        if name == "greedy":  # Q(lambda)'s greedy actions: 70% of the steps
+            return self._tensor(self.bernoulli(0.7), dtype)
         if name in ("log_pi", "log_mu"):
             return self._tensor(self.normal(0.3))
         if name == "ratio":  # importance ratios far from 1 on both sides of the clips
@@ -588,6 +597,13 @@ def make(fn: str, shape, variant: Optional[str] = None, *, time_dim: int = -1, d
             kwargs["reverse"] = name == "reverse=True"
         elif name.startswith("n="):
             kwargs["n"] = int(name[2:])
+        elif name.startswith("trace="):
+            kwargs["trace"] = name[6:]
+            # the log-probabilities a trace does not read are passed as None
+            unread = {"importance": (), "tree_backup": ("log_mu",)}.get(kwargs["trace"], ("log_pi", "log_mu"))
+            args = tuple(None if n in unread else a for n, a in zip(POSITIONAL[fn], args))
+        elif name == "greedy":
+            kwargs[name] = d.tensor(name, torch.bool)
         else:
             kwargs[name] = d.tensor(name)
     for name, value in hyperparameters.items():

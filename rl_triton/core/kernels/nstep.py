@@ -3,18 +3,33 @@ scan, so not the engine's. Each output reads its own window of later steps::
 
     R[t] = sum_{k<m} G(t, k) r[t+k] + G(t, m) (1 - term[t+m-1]) nv[t+m-1]
 
-Program (p, q) owns a tile of ``BLOCK_R`` rows x ``BLOCK_T`` steps t and walks k = 0, 1, ... <
-min(n, T) over the windows that start there: step s = t + k is a masked shifted load of each
-input, ``discount`` the running product G(t, k) and ``open`` marks the windows still taking
-steps (closed after a termination, after a done, a window's n-th reward or the rollout's last
-step, which bootstrap from their ``next_values``). The loop stops once no window of the tile is
-open, so a tile costs O(min(n, its longest window)) steps. float16/bfloat16 inputs accumulate
-in float32, float64 in float64; the output has the rewards' dtype.
+Written with the step maps f_s(y) = r'[s] + d[s] y, where d[s] = gamma[s] unless step s ends an
+episode or the rollout (then 0: the window stops) and r'[s] = r[s] plus, at such an end that is
+no termination, gamma[s] nv[s] (the bootstrap), a window is the composition of its steps' maps
+applied to the value after its last step: R[t] = f_t(f_{t+1}(... f_{t+K-1}(nv[t+K-1]))), K =
+min(n, T).
 
-Absent inputs are passed as the rewards' pointer with a constexpr flag saying they are absent
-(no ``is None`` test of a tuple argument: Triton 3.6 cannot compile one that holds a None), and
-``gamma`` as a tensor or, when a number, ``gamma_value`` (float64, cast to the accumulation
-dtype). :class:`Launch` is what rl_triton/core/launch.py's ``prepare`` returns for the algorithm.
+:func:`nstep_blocks_kernel` (windows of up to ``MAX_BLOCK`` steps): program (p, q) loads a tile
+of ``BLOCK_R`` rows x ``BLOCK_T`` steps from ``t0 = q * STEP`` once and writes the returns of its
+first ``STEP = BLOCK_T - K + 1`` steps. The tile is cut into blocks of K steps; a window from t
+in block j ends at t + K - 1 in block j + 1 (or at the end of block j when t starts it), so it
+is its part in block j, a suffix (A[t] = its maps composed up to the block's end applied to 0,
+C[t] their product of d: a reverse scan), followed by its part in block j + 1, a prefix (X[u] =
+the block's maps from its start composed up to u and applied to nv[u]: a forward scan
+restarting at each block), read at u = t + K - 1 by a gather: R[t] = A[t] + C[t] X[t+K-1]. As
+in numba's blocks form, only the window's own terms are added: no running sum is differenced.
+A zero coefficient cuts as in the engine (nothing beyond it read).
+
+:func:`nstep_walk_kernel` (longer windows): each program walks k = 0, 1, ... < K over the
+windows that start in its tile with shifted loads, stopping once none is open: O(min(n, its
+longest window)) steps per output.
+
+float16/bfloat16 inputs accumulate in float32, float64 in float64; the output has the rewards'
+dtype. Absent inputs are passed as the rewards' pointer with a constexpr flag saying they are
+absent (no ``is None`` test of a tuple argument: Triton 3.6 cannot compile one that holds a
+None), and ``gamma`` as a tensor or, when a number, ``gamma_value`` (float64, cast to the
+accumulation dtype). :class:`Launch` is what rl_triton/core/launch.py's ``prepare`` returns for
+the algorithm.
 """
 
 from __future__ import annotations
@@ -27,10 +42,16 @@ import triton.language as tl
 
 from .. import spec
 from . import _cdiv, _pow2, _scalar, current_stream, direct_launch_ok, launch_compiled, launchable
+from .engine import combine
 
-# a tile of about TILE elements: along the rows' contiguous axis, up to 128 of it
+# a tile of about TILE elements: along the rows' contiguous axis, up to 128 of it (the walk) or
+# BLOCK_STEPS steps (the blocks kernel, batch-major)
 TILE = 1024
 NUM_WARPS = 4
+# the blocks kernel takes windows of up to MAX_BLOCK steps, in tiles of at least 2K - 1 steps
+MAX_BLOCK = 512
+BLOCK_STEPS = 256
+BLOCKS_TILE = 2048
 
 
 @triton.jit
@@ -40,25 +61,117 @@ def _flag(x, sr, st, rows, s, live):
 
 
 @triton.jit
-def nstep_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated, k_sr, k_st, done, d_sr, d_st,
-                 truncated, u_sr, u_st, last_done, l_sr, gamma, g_sr, g_st, gamma_value: tl.float64, out, o_sr, o_st,
-                 R, T, K, HAS_TERM: tl.constexpr, HAS_TRUNC: tl.constexpr,
-                 DONE_MODE: tl.constexpr, GAMMA_TENSOR: tl.constexpr, ACC: tl.constexpr, BLOCK_R: tl.constexpr,
-                 BLOCK_T: tl.constexpr):
-    """``out[i, t]`` (the rewards' dtype) for the tile's rows i and steps t; ``K`` = min(n, T),
-    ``DONE_MODE`` spec.py's (DONE_ARRAY 0, DONE_TERM_OR_TRUNC 1, DONE_OBS_ALIGNED 2: ``done``
-    then holds the episode starts, read one step on, and ``last_done`` the step after the
-    window)."""
+def _ends(terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st, after, rows, s, live, T,
+          HAS_TERM: tl.constexpr, HAS_TRUNC: tl.constexpr, DONE_MODE: tl.constexpr):
+    """``(term, ended)`` at steps ``s``: whether the step terminates, whether it ends its episode
+    (``DONE_MODE`` spec.py's: DONE_ARRAY 0, DONE_TERM_OR_TRUNC 1, DONE_OBS_ALIGNED 2, where
+    ``done`` holds the episode starts, read one step on, and ``after`` the row's last done)."""
+    if DONE_MODE == 2:  # every done a termination
+        ended = tl.where(s == T - 1, after, _flag(done, d_sr, d_st, rows, s + 1, live & (s < T - 1)))
+        term = ended
+    else:
+        if HAS_TERM:
+            term = _flag(terminated, k_sr, k_st, rows, s, live)
+        else:
+            term = tl.zeros(s.shape, tl.int1) | tl.zeros(rows.shape, tl.int1)
+        if DONE_MODE == 0:
+            ended = _flag(done, d_sr, d_st, rows, s, live)
+        elif HAS_TRUNC:
+            ended = term | _flag(truncated, u_sr, u_st, rows, s, live)
+        else:
+            ended = term
+    return term, ended
+
+
+@triton.jit
+def _after(last_done, l_sr, r_idx, R, DONE_MODE: tl.constexpr):
+    """Per row, whether the step after the rollout starts an episode (``DONE_MODE`` 2)."""
+    if DONE_MODE == 2:
+        return (tl.load(last_done + r_idx.to(tl.int64) * l_sr, mask=r_idx < R, other=0) != 0)[:, None]
+    else:
+        return None
+
+
+@triton.jit
+def _suffix(a1, c1, b1, a2, c2, b2):
+    # two maps of one coefficient b scanned at once (see engine.combine)
+    a, b = combine(a1, b1, a2, b2)
+    c, _ = combine(c1, b1, c2, b2)
+    return a, c, b
+
+
+@triton.jit
+def _prefix(f1, a1, b1, f2, a2, b2):
+    # step maps composed in time order, the earlier one outside (a1 + b1 * (a2 + b2 * y)), restarted
+    # where a block begins (f: the range holds a block start); a zero coefficient reads nothing
+    inner_a, inner_b = combine(a2, b2, a1, b1)
+    return f1 | f2, tl.where(f2 != 0, a2, inner_a), tl.where(f2 != 0, b2, inner_b)
+
+
+@triton.jit
+def nstep_blocks_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated, k_sr, k_st, done, d_sr, d_st,
+                        truncated, u_sr, u_st, last_done, l_sr, gamma, g_sr, g_st, gamma_value: tl.float64, out, o_sr,
+                        o_st, R, T, K, STEP, HAS_TERM: tl.constexpr, HAS_TRUNC: tl.constexpr,
+                        DONE_MODE: tl.constexpr, GAMMA_TENSOR: tl.constexpr, ACC: tl.constexpr,
+                        BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
+    """``out[i, t]`` (the rewards' dtype) for the tile's rows i and its first ``STEP`` steps t
+    (``K`` = min(n, T) <= ``BLOCK_T - STEP + 1``), by blocks of K steps (module docstring)."""
     r_idx = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rows = r_idx.to(tl.int64)[:, None]
+    j = tl.arange(0, BLOCK_T)
     # steps in int64: a step times the time stride of a wide time-major rollout passes 2**31
-    t = (tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)[None, :]
+    s = tl.program_id(1).to(tl.int64) * STEP + j.to(tl.int64)[None, :]
+    inside = (r_idx[:, None] < R) & (s < T)
+    term, ended = _ends(terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st,
+                        _after(last_done, l_sr, r_idx, R, DONE_MODE), rows, s, inside, T, HAS_TERM, HAS_TRUNC,
+                        DONE_MODE)
+    r = tl.load(rewards + rows * r_sr + s * r_st, mask=inside, other=0.0).to(ACC)
+    nv = tl.load(next_values + rows * v_sr + s * v_st, mask=inside, other=0.0).to(ACC)
+    if GAMMA_TENSOR:
+        g = tl.load(gamma + rows * g_sr + s * g_st, mask=inside, other=0.0).to(ACC)
+    else:
+        g = tl.full((BLOCK_R, BLOCK_T), gamma_value, ACC)
+    rollout_end = s == T - 1
+    # the bootstrap at an episode's or the rollout's end folded into that step's reward (at a
+    # termination neither nv nor gamma is read), and the step's coefficient: 0 where it stops
+    boot = inside & ~term & (ended | rollout_end)
+    rp = tl.where(boot, r + g * nv, r)
+    d = tl.where(inside & ~term & ~ended & ~rollout_end, g, 0.0)
+    offset = j % K
+    last = (offset == K - 1)[None, :]
+    # suffix within each block: A = f_t o ... o f_{end}(0), C = the product of d up to the block's end
+    zero = tl.zeros((BLOCK_R, BLOCK_T), ACC)
+    a_suf, c_suf, _ = tl.associative_scan((rp, tl.where(last, d, zero), tl.where(last, zero, d)), 1, _suffix,
+                                          reverse=True)
+    # prefix within each block, applied to nv after its last step; at a block's last step nv alone
+    # (the window that starts its block ends there)
+    starts = tl.broadcast_to((offset == 0)[None, :].to(tl.int32), (BLOCK_R, BLOCK_T))
+    _, a_pre, b_pre = tl.associative_scan((starts, rp, d), 1, _prefix)
+    tail = tl.where(last, nv, tl.where(b_pre == 0, a_pre, a_pre + b_pre * nv))
+    ends_at = tl.broadcast_to(tl.minimum(j + (K - 1), BLOCK_T - 1)[None, :], (BLOCK_R, BLOCK_T))
+    total = tl.where(c_suf == 0, a_suf, a_suf + c_suf * tl.gather(tail, ends_at, 1))
+    tl.store(out + rows * o_sr + s * o_st, total.to(out.dtype.element_ty), mask=inside & (j < STEP)[None, :])
+
+
+@triton.jit
+def nstep_walk_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated, k_sr, k_st, done, d_sr, d_st,
+                      truncated, u_sr, u_st, last_done, l_sr, gamma, g_sr, g_st, gamma_value: tl.float64, out, o_sr,
+                      o_st, R, T, K, STEP, HAS_TERM: tl.constexpr, HAS_TRUNC: tl.constexpr,
+                      DONE_MODE: tl.constexpr, GAMMA_TENSOR: tl.constexpr, ACC: tl.constexpr, BLOCK_R: tl.constexpr,
+                      BLOCK_T: tl.constexpr):
+    """``out[i, t]`` (the rewards' dtype) for the tile's rows i and steps t (``STEP`` =
+    ``BLOCK_T``), walking k < ``K`` = min(n, T): step s = t + k is a masked shifted load of each
+    input, ``discount`` the running product G(t, k) and ``is_open`` marks the windows still taking
+    steps (closed after a termination, after a done, a window's n-th reward or the rollout's last
+    step, which bootstrap from their ``next_values``)."""
+    r_idx = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = r_idx.to(tl.int64)[:, None]
+    t = (tl.program_id(1) * STEP + tl.arange(0, BLOCK_T)).to(tl.int64)[None, :]
     inside = (r_idx[:, None] < R) & (t < T)
     total = tl.zeros((BLOCK_R, BLOCK_T), ACC)
     discount = tl.full((BLOCK_R, BLOCK_T), 1.0, ACC)
     is_open = inside
-    if DONE_MODE == 2:
-        after = (tl.load(last_done + r_idx.to(tl.int64) * l_sr, mask=r_idx < R, other=0) != 0)[:, None]
+    after = _after(last_done, l_sr, r_idx, R, DONE_MODE)
     if not GAMMA_TENSOR:
         g_number = tl.full((), gamma_value, ACC)
     k = 0
@@ -68,20 +181,8 @@ def nstep_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated, k_sr,
         live = is_open
         r = tl.load(rewards + rows * r_sr + s * r_st, mask=live, other=0.0).to(ACC)
         total = tl.where(live, total + discount * r, total)
-        if DONE_MODE == 2:  # every done a termination
-            ended = tl.where(s == T - 1, after, _flag(done, d_sr, d_st, rows, s + 1, live & (s < T - 1)))
-            term = ended
-        else:
-            if HAS_TERM:
-                term = _flag(terminated, k_sr, k_st, rows, s, live)
-            else:
-                term = tl.zeros((BLOCK_R, BLOCK_T), tl.int1)
-            if DONE_MODE == 0:
-                ended = _flag(done, d_sr, d_st, rows, s, live)
-            elif HAS_TRUNC:
-                ended = term | _flag(truncated, u_sr, u_st, rows, s, live)
-            else:
-                ended = term
+        term, ended = _ends(terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st, after, rows, s, live, T,
+                            HAS_TERM, HAS_TRUNC, DONE_MODE)
         if GAMMA_TENSOR:
             g = tl.load(gamma + rows * g_sr + s * g_st, mask=live, other=0.0).to(ACC)
         else:
@@ -98,15 +199,30 @@ def nstep_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated, k_sr,
     tl.store(out + rows * o_sr + t * o_st, total.to(out.dtype.element_ty), mask=inside)
 
 
-# the kernel's tensor inputs in its order, each followed by its strides (last_done: one)
+# the kernels' tensor inputs in their order, each followed by its strides (last_done: one)
 _TENSORS = ("rewards", "next_values", "terminated", "done", "truncated", "last_done", "gamma")
 _CONSTEXPRS = ("HAS_TERM", "HAS_TRUNC", "DONE_MODE", "GAMMA_TENSOR", "ACC", "BLOCK_R", "BLOCK_T")
 
 
+def _tiles(R: int, T: int, K: int, time_major: bool):
+    """(kernel, BLOCK_R, BLOCK_T, STEP): the blocks kernel where a tile of at least 2K - 1 steps
+    fits (K <= MAX_BLOCK), else the walk. The tile runs along the axis the rows hold contiguous:
+    time in batch-major memory, the rows in time-major memory."""
+    if K <= MAX_BLOCK:
+        block_t = min(_pow2(T + K - 1), max(BLOCK_STEPS, _pow2(2 * K - 1)))
+        block_r = min(_pow2(R), max(1, BLOCKS_TILE // block_t))
+        return nstep_blocks_kernel, block_r, block_t, block_t - K + 1
+    if time_major:
+        block_r = min(_pow2(R), 128)
+        block_t = min(_pow2(T), max(1, TILE // block_r))
+    else:
+        block_t = min(_pow2(T), 128)
+        block_r = min(_pow2(R), max(1, TILE // block_t))
+    return nstep_walk_kernel, block_r, block_t, block_t
+
+
 class Launch:
-    """The n-step launch for one call signature (rl_triton/core/launch.py's ``prepare``). The
-    tile runs along the axis the rows hold contiguous: time in batch-major memory, the rows in
-    time-major memory.
+    """The n-step launch for one call signature (rl_triton/core/launch.py's ``prepare``).
 
     ``launch(args, outs)`` runs on ``[R, T]`` views (``args``: ``spec.NSTEP_RETURN.Args`` or a
     call plan's list of them): through Triton's dispatch the first time an alignment of the data
@@ -124,15 +240,12 @@ class Launch:
             raise ValueError(f"{algo.name} is no windowed algorithm of this module")
         ref = args.rewards
         R, T = ref.shape
+        K = min(args.n, T)
         acc64 = ref.dtype == torch.float64
-        if R > 1 and T > 1 and abs(ref.stride(1)) > abs(ref.stride(0)):  # time-major: rows adjacent
-            block_r = min(_pow2(R), 128)
-            block_t = min(_pow2(T), max(1, TILE // block_r))
-        else:
-            block_t = min(_pow2(T), 128)
-            block_r = min(_pow2(R), max(1, TILE // block_t))
+        time_major = R > 1 and T > 1 and abs(ref.stride(1)) > abs(ref.stride(0))
+        self.kernel, block_r, block_t, step = _tiles(R, T, K, time_major)
         self.device = ref.device
-        self.grid = (_cdiv(R, block_r), _cdiv(T, block_t))
+        self.grid = (_cdiv(R, block_r), _cdiv(T, step))
         gamma = args.gamma
         self.constexprs = dict(HAS_TERM=args.terminated is not None, HAS_TRUNC=args.truncated is not None,
                                DONE_MODE=args.done_mode, GAMMA_TENSOR=isinstance(gamma, torch.Tensor),
@@ -140,7 +253,8 @@ class Launch:
         # the kernel's arguments after the tensors' (gamma's value, the output's strides, the
         # sizes), and the constexprs in its order (a compiled kernel's launcher takes them too)
         number = 0.0 if isinstance(gamma, torch.Tensor) else float(gamma) if acc64 else _scalar(gamma)
-        self.tail = (number, (R, T, min(args.n, T)), tuple(self.constexprs[name] for name in _CONSTEXPRS))
+        self.tail = (number, (R, T, K, step), tuple(self.constexprs[name] for name in _CONSTEXPRS))
+
         # the inputs' positions in the arguments (a call plan passes a list of them)
         self.positions = tuple((name, algo.names.index(name)) for name in _TENSORS)
         present = [isinstance(args[pos], torch.Tensor) for _, pos in self.positions]
@@ -172,7 +286,7 @@ class Launch:
         if self.launch_direct([t.data_ptr() for t in tensors]):
             return
         with _on_device(self.device):
-            kernel = nstep_kernel[self.grid](*self._arguments(tensors[:-1], tensors[-1]), **self.constexprs,
+            kernel = self.kernel[self.grid](*self._arguments(tensors[:-1], tensors[-1]), **self.constexprs,
                                              num_warps=NUM_WARPS)
         if launchable(kernel):
             self.kernels[self.last_aligned] = kernel
