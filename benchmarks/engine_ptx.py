@@ -111,6 +111,8 @@ def _calls(rt, torch, R, T, dtype, g):
         "nstep_return_episode_starts": lambda: rt.nstep_return(r, nv, n=5, episode_starts=term, last_done=term[:, -1],
                                                                **kw),
         "nstep_return_time_major": lambda: rt.nstep_return(tm(r), tm(nv), n=5, done=tm(done), time_dim=0, **kw),
+        # windows past nstep.MAX_BLOCK steps (the walk kernel where T is longer)
+        "nstep_return_long": lambda: rt.nstep_return(r, nv, n=1000, episode_starts=term, last_done=term[:, -1], **kw),
         # Sample Factory's valid steps, as its drop-ins call them: values and valids [R, T+1] read
         # through views, float dones; the sum time-major with and without x_last
         "sample_factory_gae": lambda: _valid_steps().valid_gae(r, sf_v[:, :-1], sf_v[:, 1:], sf_valid[:, :-1],

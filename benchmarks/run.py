@@ -513,7 +513,7 @@ def time_cell(key, impls: dict, expected, tolerance: float, nbytes, bandwidth_tb
             continue
         checked[name] = err
         n_out[name] = 1 if isinstance(out, torch.Tensor) else len(out)
-    full = full_calls({name: impls[name] for name in checked})
+    full = full_calls({name: impls[name] for name in checked}) if checked else {}
     ours = None
     if "rl_triton" in checked:
         ours_dev = device(impls["rl_triton"], statistics.median(full["rl_triton"]))

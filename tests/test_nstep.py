@@ -133,8 +133,9 @@ def test_many_rows(blocks, blocks_from):
 @pytest.fixture
 def triton_tiles(monkeypatch):
     """``triton_tiles(kernel)``: Triton's n-step tiles forced small, so that a rollout of tens of
-    steps spans several programs: ``"blocks"`` (tiles of 8 steps, or the least of 2K - 1 steps)
-    or ``"walk"`` (the walk for every n); the call plans before and after forgotten."""
+    steps spans several programs: ``"blocks"`` (tiles of 8 steps, or the least of 2K - 1 steps),
+    ``"aligned"`` (tiles of 64 steps overlapping by 16, a rollout of a few hundred) or ``"walk"``
+    (the walk for every n); the call plans before and after forgotten."""
     if not TRITON_INTERPRET_AT_STARTUP:
         pytest.skip("the Triton kernels run in the interpreter (TRITON_INTERPRET=1) here")
     from rl_triton.core import plans
@@ -142,8 +143,8 @@ def triton_tiles(monkeypatch):
 
     def force(kernel):
         plans.clear()
-        monkeypatch.setattr(nstep, "BLOCK_STEPS", 8)
-        monkeypatch.setattr(nstep, "BLOCKS_TILE", 16)
+        monkeypatch.setattr(nstep, "BLOCK_STEPS", 64 if kernel == "aligned" else 8)
+        monkeypatch.setattr(nstep, "BLOCKS_TILE", 64 if kernel == "aligned" else 16)
         monkeypatch.setattr(nstep, "TILE", 32)
         monkeypatch.setattr(nstep, "MAX_BLOCK", 0 if kernel == "walk" else nstep.MAX_BLOCK)
 
@@ -151,16 +152,16 @@ def triton_tiles(monkeypatch):
     plans.clear()
 
 
-@pytest.mark.parametrize("kernel", ["blocks", "walk"])
+@pytest.mark.parametrize("kernel,n", [(k, n) for k in ("blocks", "walk") for n in (1, 3, 9, 61)]
+                         + [("aligned", 3), ("aligned", 17)])
 @pytest.mark.parametrize("form", ["terminated+truncated", "done+terminated", "episode_starts", "none"])
-@pytest.mark.parametrize("n", [1, 3, 9, 61])
 def test_triton_tiles_across_programs(n, form, kernel, triton_tiles):
     """Triton's two kernels with tiles forced small (several programs along time and rows, a
     window crossing into the next program's steps): batch-major with per-step gamma and
     time-major with a number, float64 and float32, against the oracle."""
     triton_tiles(kernel)
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
-        p = _problem(300 + n, dtype, R=5, steps=61)
+        p = _problem(300 + n, dtype, R=2, steps=200) if kernel == "aligned" else _problem(300 + n, dtype, R=5, steps=61)
         kw, term, done = _flags(p, form)
         got = rl_triton.nstep_return(p["rewards"], p["next_values"], n=n, **kw, gamma=p["gamma"], backend="triton")
         np.testing.assert_allclose(got.double().numpy(), _expected(p, n, term, done, p["gamma"], dtype), rtol=tol,

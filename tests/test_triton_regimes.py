@@ -91,6 +91,11 @@ def test_plan_regimes_are_reached():
     assert (block_r, block_t, n_seg, num_warps) == (1, 4096, 1, 16)  # few rows of <= 4096 steps: whole rows
     assert kernels.plan(2, 3000, True, cpu)[1] <= 512  # float64 keeps its chunk limit
     assert kernels.plan(2, 3000, False, cpu, need_prev=True)[1] == 1024  # V-trace keeps chunks
+    # two-state scans of many rows (GAE skipping masked tokens): rows of 512 steps, 4 warps; 2 with
+    # four or more streams (the KL-shaped rewards' log-probs)
+    assert kernels.plan(1024, 8192, False, cpu, pair=True)[:2] == (1, 512)
+    assert kernels.plan(1024, 8192, False, cpu, pair=True)[4] == 4
+    assert kernels.plan(1024, 8192, False, cpu, pair=True, streams=4)[4] == 2
 
 
 @pytest.mark.parametrize("algo", list(ALGOS))

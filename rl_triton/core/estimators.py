@@ -581,7 +581,8 @@ def _trace_inputs(rewards, trace, log_pi, log_mu, greedy, lmbda, c_bar):
                 raise ValueError(f"lmbda is on {lmbda.device}, the rewards on {rewards.device}")
             lam = lmbda.to(cd)
         else:
-            lam = torch.tensor(inputs.check_unit_interval(lmbda, "lmbda"), dtype=cd, device=rewards.device)
+            # a fill, not a copy from the host: capturable in a CUDA graph
+            lam = torch.full((), inputs.check_unit_interval(lmbda, "lmbda"), dtype=cd, device=rewards.device)
         lmbda = torch.where(on, lam, torch.zeros((), dtype=cd, device=rewards.device))
     return zero, zero, lmbda, math.inf
 

@@ -44,14 +44,14 @@ from .. import spec
 from . import _cdiv, _pow2, _scalar, current_stream, direct_launch_ok, launch_compiled, launchable
 from .engine import combine
 
-# a tile of about TILE elements: along the rows' contiguous axis, up to 128 of it (the walk) or
-# BLOCK_STEPS steps (the blocks kernel, batch-major)
+# the walk: a tile of about TILE elements, up to 128 along the rows' contiguous axis
 TILE = 1024
 NUM_WARPS = 4
-# the blocks kernel takes windows of up to MAX_BLOCK steps, in tiles of at least 2K - 1 steps
+# the blocks kernel: windows of up to MAX_BLOCK steps, tiles of BLOCKS_TILE elements and up to
+# BLOCK_STEPS steps (or 2K - 1)
 MAX_BLOCK = 512
 BLOCK_STEPS = 256
-BLOCKS_TILE = 2048
+BLOCKS_TILE = 1024
 
 
 @triton.jit
@@ -61,12 +61,13 @@ def _flag(x, sr, st, rows, s, live):
 
 
 @triton.jit
-def _ends(terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st, after, rows, s, live, T,
-          HAS_TERM: tl.constexpr, HAS_TRUNC: tl.constexpr, DONE_MODE: tl.constexpr):
+def _ends(terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st, last_done, l_sr, r_idx, R, rows, s, live,
+          T, HAS_TERM: tl.constexpr, HAS_TRUNC: tl.constexpr, DONE_MODE: tl.constexpr):
     """``(term, ended)`` at steps ``s``: whether the step terminates, whether it ends its episode
     (``DONE_MODE`` spec.py's: DONE_ARRAY 0, DONE_TERM_OR_TRUNC 1, DONE_OBS_ALIGNED 2, where
-    ``done`` holds the episode starts, read one step on, and ``after`` the row's last done)."""
+    ``done`` holds the episode starts, read one step on, and ``last_done`` each row's last done)."""
     if DONE_MODE == 2:  # every done a termination
+        after = (tl.load(last_done + r_idx.to(tl.int64) * l_sr, mask=r_idx < R, other=0) != 0)[:, None]
         ended = tl.where(s == T - 1, after, _flag(done, d_sr, d_st, rows, s + 1, live & (s < T - 1)))
         term = ended
     else:
@@ -81,15 +82,6 @@ def _ends(terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st, after
         else:
             ended = term
     return term, ended
-
-
-@triton.jit
-def _after(last_done, l_sr, r_idx, R, DONE_MODE: tl.constexpr):
-    """Per row, whether the step after the rollout starts an episode (``DONE_MODE`` 2)."""
-    if DONE_MODE == 2:
-        return (tl.load(last_done + r_idx.to(tl.int64) * l_sr, mask=r_idx < R, other=0) != 0)[:, None]
-    else:
-        return None
 
 
 @triton.jit
@@ -122,9 +114,8 @@ def nstep_blocks_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated
     # steps in int64: a step times the time stride of a wide time-major rollout passes 2**31
     s = tl.program_id(1).to(tl.int64) * STEP + j.to(tl.int64)[None, :]
     inside = (r_idx[:, None] < R) & (s < T)
-    term, ended = _ends(terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st,
-                        _after(last_done, l_sr, r_idx, R, DONE_MODE), rows, s, inside, T, HAS_TERM, HAS_TRUNC,
-                        DONE_MODE)
+    term, ended = _ends(terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st, last_done, l_sr, r_idx, R,
+                        rows, s, inside, T, HAS_TERM, HAS_TRUNC, DONE_MODE)
     r = tl.load(rewards + rows * r_sr + s * r_st, mask=inside, other=0.0).to(ACC)
     nv = tl.load(next_values + rows * v_sr + s * v_st, mask=inside, other=0.0).to(ACC)
     if GAMMA_TENSOR:
@@ -171,7 +162,6 @@ def nstep_walk_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated, 
     total = tl.zeros((BLOCK_R, BLOCK_T), ACC)
     discount = tl.full((BLOCK_R, BLOCK_T), 1.0, ACC)
     is_open = inside
-    after = _after(last_done, l_sr, r_idx, R, DONE_MODE)
     if not GAMMA_TENSOR:
         g_number = tl.full((), gamma_value, ACC)
     k = 0
@@ -181,8 +171,8 @@ def nstep_walk_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated, 
         live = is_open
         r = tl.load(rewards + rows * r_sr + s * r_st, mask=live, other=0.0).to(ACC)
         total = tl.where(live, total + discount * r, total)
-        term, ended = _ends(terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st, after, rows, s, live, T,
-                            HAS_TERM, HAS_TRUNC, DONE_MODE)
+        term, ended = _ends(terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st, last_done, l_sr, r_idx,
+                            R, rows, s, live, T, HAS_TERM, HAS_TRUNC, DONE_MODE)
         if GAMMA_TENSOR:
             g = tl.load(gamma + rows * g_sr + s * g_st, mask=live, other=0.0).to(ACC)
         else:
@@ -205,13 +195,23 @@ _CONSTEXPRS = ("HAS_TERM", "HAS_TRUNC", "DONE_MODE", "GAMMA_TENSOR", "ACC", "BLO
 
 
 def _tiles(R: int, T: int, K: int, time_major: bool):
-    """(kernel, BLOCK_R, BLOCK_T, STEP): the blocks kernel where a tile of at least 2K - 1 steps
-    fits (K <= MAX_BLOCK), else the walk. The tile runs along the axis the rows hold contiguous:
-    time in batch-major memory, the rows in time-major memory."""
+    """(kernel, BLOCK_R, BLOCK_T, STEP): the blocks kernel where windows are up to MAX_BLOCK steps
+    long, else the walk. The blocks kernel's tile spans at least 2K - 1 steps and about a quarter
+    of the rollout, up to BLOCK_STEPS (H100 sweep, 2026-12-05: at 4096x128 tiles of 32 steps, at
+    16384x512 of 128, from 4096 steps on of 256), in tiles of BLOCKS_TILE elements; time-major
+    rollouts take 32 rows a tile (their contiguous axis). The walk's tile runs along the axis the
+    rows hold contiguous: time in batch-major memory, the rows in time-major memory."""
     if K <= MAX_BLOCK:
-        block_t = min(_pow2(T + K - 1), max(BLOCK_STEPS, _pow2(2 * K - 1)))
-        block_r = min(_pow2(R), max(1, BLOCKS_TILE // block_t))
-        return nstep_blocks_kernel, block_r, block_t, block_t - K + 1
+        if time_major:
+            block_r = min(_pow2(R), 32)
+            block_t = max(_pow2(2 * K - 1), BLOCKS_TILE // block_r)
+        else:
+            block_t = max(_pow2(2 * K - 1), min(_pow2(T) // 4, BLOCK_STEPS))
+            block_r = min(_pow2(R), max(1, BLOCKS_TILE // block_t))
+        # tiles overlap by K - 1 steps; where there are several of at least 64 steps, rounded up to
+        # 16 so that every tile starts at a multiple of 16 steps (aligned vector loads)
+        halo = K - 1 if T + K - 1 <= block_t or block_t < 4 * _cdiv(K - 1, 16) * 16 else _cdiv(K - 1, 16) * 16
+        return nstep_blocks_kernel, block_r, block_t, block_t - halo
     if time_major:
         block_r = min(_pow2(R), 128)
         block_t = min(_pow2(T), max(1, TILE // block_r))
