@@ -345,6 +345,23 @@ def test_a_termination_reads_no_value_or_discount(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_zero_discount_does_not_cut_a_window(backend, monkeypatch):
+    """gamma = 0 inside a window is a discount, not an episode's end: the terms after it are
+    multiplied by 0, so a NaN or inf there still gives NaN, as in the oracle's sums."""
+    monkeypatch.setenv("RL_TRITON_CHECK_VALUES", "0")
+    p = _problem(32)
+    gamma = torch.full((3, T), 0.9, dtype=torch.float64)
+    gamma[:, 6] = 0.0
+    p["rewards"][:, 8] = float("nan")
+    p["next_values"][:, 12] = float("inf")
+    no_done = torch.zeros(3, T, dtype=torch.bool)
+    got = rl_triton.nstep_return(p["rewards"], p["next_values"], n=4, done=no_done, gamma=gamma, backend=backend)
+    expected = _expected(p, 4, no_done, no_done, gamma)
+    assert np.isnan(expected[:, 5:9]).all() and np.isfinite(expected[:, 13:]).all()
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n", [1, 3, 40])
 def test_packed_sequences(n, backend):
     """``cu_seqlens``: each sequence its own row, its last token the rollout's end."""

@@ -3,22 +3,24 @@ scan, so not the engine's. Each output reads its own window of later steps::
 
     R[t] = sum_{k<m} G(t, k) r[t+k] + G(t, m) (1 - term[t+m-1]) nv[t+m-1]
 
-Written with the step maps f_s(y) = r'[s] + d[s] y, where d[s] = gamma[s] unless step s ends an
-episode or the rollout (then 0: the window stops) and r'[s] = r[s] plus, at such an end that is
-no termination, gamma[s] nv[s] (the bootstrap), a window is the composition of its steps' maps
-applied to the value after its last step: R[t] = f_t(f_{t+1}(... f_{t+K-1}(nv[t+K-1]))), K =
-min(n, T).
+Written with the step maps f_s(y) = r'[s] + gamma[s] y, where r'[s] = r[s] plus, where step s
+ends an episode or the rollout and does not terminate, gamma[s] nv[s] (the bootstrap), a window
+is the composition of its steps' maps applied to the value after its last step, R[t] =
+f_t(f_{t+1}(... f_{t+K-1}(nv[t+K-1]))), K = min(n, T), cut after a step that stops it (an
+episode's or the rollout's end): nothing after that step is read.
 
 :func:`nstep_blocks_kernel` (windows of up to ``MAX_BLOCK`` steps): program (p, q) loads a tile
 of ``BLOCK_R`` rows x ``BLOCK_T`` steps from ``t0 = q * STEP`` once and writes the returns of its
-first ``STEP = BLOCK_T - K + 1`` steps. The tile is cut into blocks of K steps; a window from t
-in block j ends at t + K - 1 in block j + 1 (or at the end of block j when t starts it), so it
-is its part in block j, a suffix (A[t] = its maps composed up to the block's end applied to 0,
-C[t] their product of d: a reverse scan), followed by its part in block j + 1, a prefix (X[u] =
-the block's maps from its start composed up to u and applied to nv[u]: a forward scan
-restarting at each block), read at u = t + K - 1 by a gather: R[t] = A[t] + C[t] X[t+K-1]. As
-in numba's blocks form, only the window's own terms are added: no running sum is differenced.
-A zero coefficient cuts as in the engine (nothing beyond it read).
+first ``STEP`` steps (``BLOCK_T - STEP >= K - 1``: neighbouring tiles overlap). The tile is cut
+into blocks of K steps; a window from t in block j ends at t + K - 1 in block j + 1 (or at the
+end of block j when t starts it), so it is its part in block j, a suffix (A[t] = its maps
+composed up to the block's end applied to 0, C[t] their discounts' product, and whether no step
+stops it there: a reverse scan), followed by its part in block j + 1, a prefix (X[u] = the
+block's maps from its start composed up to u and applied to nv[u]: a forward scan restarting at
+each block), read at u = t + K - 1 by a gather: R[t] = A[t] + C[t] X[t+K-1]. As in numba's
+blocks form, only the window's own terms are added: no running sum is differenced. A stop is a
+flag in the scans, not a zero discount, so a zero gamma inside a window multiplies what follows
+(0 * NaN is NaN), as in the oracle and the other backends.
 
 :func:`nstep_walk_kernel` (longer windows): each program walks k = 0, 1, ... < K over the
 windows that start in its tile with shifted loads, stopping once none is open: O(min(n, its
@@ -42,7 +44,6 @@ import triton.language as tl
 
 from .. import spec
 from . import _cdiv, _pow2, _scalar, current_stream, direct_launch_ok, launch_compiled, launchable
-from .engine import combine
 
 # the walk: a tile of about TILE elements, up to 128 along the rows' contiguous axis
 TILE = 1024
@@ -85,19 +86,21 @@ def _ends(terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st, last_
 
 
 @triton.jit
-def _suffix(a1, c1, b1, a2, c2, b2):
-    # two maps of one coefficient b scanned at once (see engine.combine)
-    a, b = combine(a1, b1, a2, b2)
-    c, _ = combine(c1, b1, c2, b2)
-    return a, c, b
+def _suffix(f1, a1, c1, r1, f2, a2, c2, r2):
+    # reverse scan: (f1, a1, c1, r1) the later steps already folded, (f2, a2, c2, r2) the nearer ones; a:
+    # their maps composed and applied to 0, c: their discounts' product, r: whether none stops, f: whether
+    # a segment (up to a stop or a block's last step) ends within, beyond which nothing is read
+    cut = f2 != 0
+    return f1 | f2, tl.where(cut, a2, a2 + c2 * a1), tl.where(cut, c2, c2 * c1), tl.where(cut, r2, r2 & r1)
 
 
 @triton.jit
-def _prefix(f1, a1, b1, f2, a2, b2):
-    # step maps composed in time order, the earlier one outside (a1 + b1 * (a2 + b2 * y)), restarted
-    # where a block begins (f: the range holds a block start); a zero coefficient reads nothing
-    inner_a, inner_b = combine(a2, b2, a1, b1)
-    return f1 | f2, tl.where(f2 != 0, a2, inner_a), tl.where(f2 != 0, b2, inner_b)
+def _prefix(f1, a1, c1, r1, f2, a2, c2, r2):
+    # forward scan: (f1, a1, c1, r1) the earlier steps, (f2, a2, c2, r2) the later ones, as in _suffix but
+    # the earlier maps outside; restarted where a block begins (f), nothing read after a stop (r1 = 0)
+    start = f2 != 0
+    a = tl.where(start, a2, tl.where(r1 != 0, a1 + c1 * a2, a1))
+    return f1 | f2, a, tl.where(start, c2, c1 * c2), tl.where(start, r2, r1 & r2)
 
 
 @triton.jit
@@ -122,25 +125,27 @@ def nstep_blocks_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated
         g = tl.load(gamma + rows * g_sr + s * g_st, mask=inside, other=0.0).to(ACC)
     else:
         g = tl.full((BLOCK_R, BLOCK_T), gamma_value, ACC)
+    # where a window stops: a termination, an episode's end, the rollout's end (and past it); the
+    # bootstrap at such an end that is no termination folded into that step's reward (at a
+    # termination neither nv nor gamma is read)
     rollout_end = s == T - 1
-    # the bootstrap at an episode's or the rollout's end folded into that step's reward (at a
-    # termination neither nv nor gamma is read), and the step's coefficient: 0 where it stops
-    boot = inside & ~term & (ended | rollout_end)
-    rp = tl.where(boot, r + g * nv, r)
-    d = tl.where(inside & ~term & ~ended & ~rollout_end, g, 0.0)
+    stop = ~inside | term | ended | rollout_end
+    rp = tl.where(inside & ~term & (ended | rollout_end), r + g * nv, r)
+    c = tl.where(stop, 0.0, g)
+    goes_on = (~stop).to(tl.int32)
     offset = j % K
     last = (offset == K - 1)[None, :]
-    # suffix within each block: A = f_t o ... o f_{end}(0), C = the product of d up to the block's end
-    zero = tl.zeros((BLOCK_R, BLOCK_T), ACC)
-    a_suf, c_suf, _ = tl.associative_scan((rp, tl.where(last, d, zero), tl.where(last, zero, d)), 1, _suffix,
-                                          reverse=True)
-    # prefix within each block, applied to nv after its last step; at a block's last step nv alone
-    # (the window that starts its block ends there)
+    # each step's part in its block: A = its maps to the block's end (or a stop) applied to 0, C the
+    # discounts' product and whether no step stops (a zero discount is no stop: 0 * NaN stays NaN)
+    _, a_suf, c_suf, reach = tl.associative_scan(((stop | last).to(tl.int32), rp, c, goes_on), 1, _suffix,
+                                                 reverse=True)
+    # each step's part from its block's start, applied to its nv where nothing stops; at a block's last
+    # step nv alone (the window that starts that block ends there)
     starts = tl.broadcast_to((offset == 0)[None, :].to(tl.int32), (BLOCK_R, BLOCK_T))
-    _, a_pre, b_pre = tl.associative_scan((starts, rp, d), 1, _prefix)
-    tail = tl.where(last, nv, tl.where(b_pre == 0, a_pre, a_pre + b_pre * nv))
+    _, a_pre, c_pre, open_pre = tl.associative_scan((starts, rp, c, goes_on), 1, _prefix)
+    tail = tl.where(last, nv, tl.where(open_pre != 0, a_pre + c_pre * nv, a_pre))
     ends_at = tl.broadcast_to(tl.minimum(j + (K - 1), BLOCK_T - 1)[None, :], (BLOCK_R, BLOCK_T))
-    total = tl.where(c_suf == 0, a_suf, a_suf + c_suf * tl.gather(tail, ends_at, 1))
+    total = tl.where(reach != 0, a_suf + c_suf * tl.gather(tail, ends_at, 1), a_suf)
     tl.store(out + rows * o_sr + s * o_st, total.to(out.dtype.element_ty), mask=inside & (j < STEP)[None, :])
 
 
