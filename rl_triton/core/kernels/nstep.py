@@ -86,21 +86,28 @@ def _ends(terminated, k_sr, k_st, done, d_sr, d_st, truncated, u_sr, u_st, last_
 
 
 @triton.jit
-def _suffix(f1, a1, c1, r1, f2, a2, c2, r2):
-    # reverse scan: (f1, a1, c1, r1) the later steps already folded, (f2, a2, c2, r2) the nearer ones; a:
-    # their maps composed and applied to 0, c: their discounts' product, r: whether none stops, f: whether
-    # a segment (up to a stop or a block's last step) ends within, beyond which nothing is read
-    cut = f2 != 0
-    return f1 | f2, tl.where(cut, a2, a2 + c2 * a1), tl.where(cut, c2, c2 * c1), tl.where(cut, r2, r2 & r1)
+def _flags_folded(p1, p2, cut):
+    # the packed flags of two folded ranges: bit 0 a segment bound within either, bit 1 no stop in
+    # either; where the nearer range holds the bound (cut), the other's stops are not read
+    return tl.where(cut, p2 | (p1 & 1), ((p1 | p2) & 1) | (p1 & p2 & 2))
 
 
 @triton.jit
-def _prefix(f1, a1, c1, r1, f2, a2, c2, r2):
-    # forward scan: (f1, a1, c1, r1) the earlier steps, (f2, a2, c2, r2) the later ones, as in _suffix but
-    # the earlier maps outside; restarted where a block begins (f), nothing read after a stop (r1 = 0)
-    start = f2 != 0
-    a = tl.where(start, a2, tl.where(r1 != 0, a1 + c1 * a2, a1))
-    return f1 | f2, a, tl.where(start, c2, c1 * c2), tl.where(start, r2, r1 & r2)
+def _suffix(p1, a1, c1, p2, a2, c2):
+    # reverse scan: (p1, a1, c1) the later steps already folded, (p2, a2, c2) the nearer ones; a: their
+    # maps composed and applied to 0, c: their discounts' product, p: flags (bit 0: a segment, up to a
+    # stop or a block's last step, ends within, beyond which nothing is read; bit 1: no step stops)
+    cut = (p2 & 1) != 0
+    return _flags_folded(p1, p2, cut), tl.where(cut, a2, a2 + c2 * a1), tl.where(cut, c2, c2 * c1)
+
+
+@triton.jit
+def _prefix(p1, a1, c1, p2, a2, c2):
+    # forward scan: (p1, a1, c1) the earlier steps, (p2, a2, c2) the later ones, as in _suffix but the
+    # earlier maps outside; restarted where a block begins (bit 0), nothing read after a stop (bit 1 of p1)
+    start = (p2 & 1) != 0
+    a = tl.where(start, a2, tl.where((p1 & 2) != 0, a1 + c1 * a2, a1))
+    return _flags_folded(p1, p2, start), a, tl.where(start, c2, c1 * c2)
 
 
 @triton.jit
@@ -132,20 +139,20 @@ def nstep_blocks_kernel(rewards, r_sr, r_st, next_values, v_sr, v_st, terminated
     stop = ~inside | term | ended | rollout_end
     rp = tl.where(inside & ~term & (ended | rollout_end), r + g * nv, r)
     c = tl.where(stop, 0.0, g)
-    goes_on = (~stop).to(tl.int32)
+    goes_on = (~stop).to(tl.int32) * 2
     offset = j % K
     last = (offset == K - 1)[None, :]
     # each step's part in its block: A = its maps to the block's end (or a stop) applied to 0, C the
     # discounts' product and whether no step stops (a zero discount is no stop: 0 * NaN stays NaN)
-    _, a_suf, c_suf, reach = tl.associative_scan(((stop | last).to(tl.int32), rp, c, goes_on), 1, _suffix,
-                                                 reverse=True)
+    p_suf, a_suf, c_suf = tl.associative_scan(((stop | last).to(tl.int32) | goes_on, rp, c), 1, _suffix,
+                                              reverse=True)
     # each step's part from its block's start, applied to its nv where nothing stops; at a block's last
     # step nv alone (the window that starts that block ends there)
-    starts = tl.broadcast_to((offset == 0)[None, :].to(tl.int32), (BLOCK_R, BLOCK_T))
-    _, a_pre, c_pre, open_pre = tl.associative_scan((starts, rp, c, goes_on), 1, _prefix)
-    tail = tl.where(last, nv, tl.where(open_pre != 0, a_pre + c_pre * nv, a_pre))
+    starts = (offset == 0)[None, :].to(tl.int32)
+    p_pre, a_pre, c_pre = tl.associative_scan((starts | goes_on, rp, c), 1, _prefix)
+    tail = tl.where(last, nv, tl.where((p_pre & 2) != 0, a_pre + c_pre * nv, a_pre))
     ends_at = tl.broadcast_to(tl.minimum(j + (K - 1), BLOCK_T - 1)[None, :], (BLOCK_R, BLOCK_T))
-    total = tl.where(reach != 0, a_suf + c_suf * tl.gather(tail, ends_at, 1), a_suf)
+    total = tl.where((p_suf & 2) != 0, a_suf + c_suf * tl.gather(tail, ends_at, 1), a_suf)
     tl.store(out + rows * o_sr + s * o_st, total.to(out.dtype.element_ty), mask=inside & (j < STEP)[None, :])
 
 
