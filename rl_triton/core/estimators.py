@@ -407,8 +407,9 @@ def nstep_return(rewards, next_values, *, n, terminated=None, truncated=None, do
     end (no bootstrap past a termination, the truncated step's own next value at a truncation) and
     at the rollout's end (bootstrapping from what is there).
 
-    Not a scan: the fused kernels read the windows directly. Triton: O(min(n, T)) steps per
-    output, O(n*T) per row (less where episodes end sooner); numba: min(n, T) - 1 vectorised
+    Not a scan: the fused kernels read the windows directly. Triton: for windows of up to 512
+    steps each input read once per tile, a window its part in its block of min(n, T) steps and
+    in the next (two scans and a gather), else O(min(n, T)) steps per output; numba: min(n, T) - 1 vectorised
     passes over each row for n <= 12, else O(T) per row (blocks of n steps). Both add each
     window's own terms alone: no differences of running sums. The torch backend and calls that
     need gradients take torch ops, min(n, T) - 1 passes over the rows, differentiable. With
