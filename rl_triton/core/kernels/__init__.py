@@ -117,7 +117,7 @@ def plan(R: int, T: int, float64: bool, device: torch.device, reverse: bool = Tr
     if pair and R >= 2 * target:
         # two-state scans of many rows: a row of 4 warps, chunks of 512 (H200: 57 against 76 us at
         # 1024x8192 float32 for 1024 steps and 8 warps; fewer rows keep the long chunks); 2 warps
-        # where four or more inputs stream in (GAE with KL shaping, H100: 110 against 129 us)
+        # where four or more inputs stream in (GAE with KL shaping, H100: 110 against 129 us at 1024x8192)
         block_t, max_warps, tile = min(_pow2(T), 512), 2 if streams >= 4 else 4, 512
     block_t = _forced.get("block_t") or block_t
     block_r = _forced.get("block_r") or min(_pow2(R), max(1, tile // block_t))
