@@ -545,7 +545,7 @@ def retrace(rewards, q_values, log_pi=None, log_mu=None, *, trace="retrace", gre
 
 TRACES = ("retrace", "importance", "tree_backup", "q_lambda", "peng")
 # the inputs each trace reads, besides lmbda
-_TRACE_READS = {"retrace": ("log_pi", "log_mu", "c_bar"), "importance": ("log_pi", "log_mu"),
+TRACE_READS = {"retrace": ("log_pi", "log_mu", "c_bar"), "importance": ("log_pi", "log_mu"),
                 "tree_backup": ("log_pi",), "q_lambda": ("greedy",), "peng": ()}
 
 
@@ -556,7 +556,7 @@ def _trace_inputs(rewards, trace, log_pi, log_mu, greedy, lmbda, c_bar):
     if not isinstance(trace, str) or trace not in TRACES:
         raise ValueError(f"trace must be one of {list(TRACES)}, got {trace!r}")
     given = {"log_pi": log_pi, "log_mu": log_mu, "greedy": greedy, "c_bar": c_bar}
-    reads = _TRACE_READS[trace]
+    reads = TRACE_READS[trace]
     for name, x in given.items():
         if name in reads and x is None and name != "c_bar":
             raise ValueError(f"trace={trace!r} needs {name}")

@@ -28,6 +28,7 @@ import torch
 
 import rl_triton
 
+from ..core.estimators import TRACE_READS
 from . import oracle
 
 __all__ = [
@@ -541,10 +542,10 @@ class _Draw:
         return dict(episode_starts=self._tensor(starts, torch.float32),
                     last_done=self._tensor(last, torch.bool, self.rest))
 
-    def tensor(self, name, dtype=None) -> torch.Tensor:
-        """A tensor argument, drawn by its name (``dtype``: a flag's)."""
-        if name == "greedy":  # Q(lambda)'s greedy actions: 70% of the steps
-            return self._tensor(self.bernoulli(0.7), dtype)
+    def tensor(self, name) -> torch.Tensor:
+        """A tensor argument, drawn by its name."""
+        if name == "greedy":  # Q(lambda)'s greedy actions (bool): 70% of the steps
+            return self._tensor(self.bernoulli(0.7), torch.bool)
         if name in ("log_pi", "log_mu"):
             return self._tensor(self.normal(0.3))
         if name == "ratio":  # importance ratios far from 1 on both sides of the clips
@@ -600,10 +601,9 @@ def make(fn: str, shape, variant: Optional[str] = None, *, time_dim: int = -1, d
         elif name.startswith("trace="):
             kwargs["trace"] = name[6:]
             # the log-probabilities a trace does not read are passed as None
-            unread = {"importance": (), "tree_backup": ("log_mu",)}.get(kwargs["trace"], ("log_pi", "log_mu"))
-            args = tuple(None if n in unread else a for n, a in zip(POSITIONAL[fn], args))
-        elif name == "greedy":
-            kwargs[name] = d.tensor(name, torch.bool)
+            reads = TRACE_READS[kwargs["trace"]]
+            args = tuple(None if n in ("log_pi", "log_mu") and n not in reads else a
+                         for n, a in zip(POSITIONAL[fn], args))
         else:
             kwargs[name] = d.tensor(name)
     for name, value in hyperparameters.items():

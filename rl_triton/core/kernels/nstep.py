@@ -220,9 +220,11 @@ def _tiles(R: int, T: int, K: int, time_major: bool):
         else:
             block_t = max(_pow2(2 * K - 1), min(_pow2(T) // 4, BLOCK_STEPS))
             block_r = min(_pow2(R), max(1, BLOCKS_TILE // block_t))
-        # tiles overlap by K - 1 steps; where there are several of at least 64 steps, rounded up to
-        # 16 so that every tile starts at a multiple of 16 steps (aligned vector loads)
-        halo = K - 1 if T + K - 1 <= block_t or block_t < 4 * _cdiv(K - 1, 16) * 16 else _cdiv(K - 1, 16) * 16
+        # tiles overlap by K - 1 steps; where there are several of at least four times that rounded
+        # up to 16, by the rounded overlap, so that every tile starts at a multiple of 16 steps
+        # (aligned vector loads)
+        aligned = _cdiv(K - 1, 16) * 16
+        halo = K - 1 if T + K - 1 <= block_t or block_t < 4 * aligned else aligned
         return nstep_blocks_kernel, block_r, block_t, block_t - halo
     if time_major:
         block_r = min(_pow2(R), 128)
@@ -266,7 +268,6 @@ class Launch:
         # sizes), and the constexprs in its order (a compiled kernel's launcher takes them too)
         number = 0.0 if isinstance(gamma, torch.Tensor) else float(gamma) if acc64 else _scalar(gamma)
         self.tail = (number, (R, T, K, step), tuple(self.constexprs[name] for name in _CONSTEXPRS))
-
         # the inputs' positions in the arguments (a call plan passes a list of them)
         self.positions = tuple((name, algo.names.index(name)) for name in _TENSORS)
         present = [isinstance(args[pos], torch.Tensor) for _, pos in self.positions]
